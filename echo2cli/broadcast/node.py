@@ -1,0 +1,152 @@
+"""One libtorrent session per process: seeds published versions, fetches new ones, counts bytes.
+
+Settings come from measurements on loopback swarms (FIELD-NOTES / docs/BENCHMARKS.md): DHT, LSD,
+UPnP and NAT-PMP off (private swarms, the learner is the tracker); uTP off (5-8x slower on loopback);
+several connections per IP allowed (every local peer shares 127.0.0.1); a short request queue at the
+seed and no strict end-game so leechers trade pieces instead of all pulling from the learner.
+Torrents are not auto-managed, so the session never queues or pauses one behind our back.
+
+`fetch` never trusts a download: `poll` marks a version complete only after libtorrent has verified
+every piece (SHA-256 Merkle hashes of the v2 part) and the caller re-checks the file's SHA-256.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from echo2cli.errors import BroadcastError
+
+
+@dataclass
+class Transfer:
+    version: int
+    handle: object
+    save_path: Path
+    started: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    hash_failures: int = 0
+    error: str = ""
+
+
+class TorrentNode:
+    def __init__(self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0) -> None:
+        import libtorrent as lt
+
+        self._lt = lt
+        settings = {
+            "listen_interfaces": listen,
+            "enable_dht": False,
+            "enable_lsd": False,
+            "enable_upnp": False,
+            "enable_natpmp": False,
+            "enable_incoming_utp": False,
+            "enable_outgoing_utp": False,
+            "allow_multiple_connections_per_ip": True,
+            "alert_mask": int(
+                lt.alert_category.status | lt.alert_category.error | lt.alert_category.storage
+            ),
+            "max_allowed_in_request_queue": 16,
+            "tick_interval": 100,
+            "rate_limit_ip_overhead": False,
+            "strict_end_game_mode": False,
+            "stop_tracker_timeout": 1,
+            "upload_rate_limit": upload_limit_bytes_s,
+            "user_agent": "echo2",
+        }
+        self.session = lt.session(settings)
+        if upload_limit_bytes_s:
+            # Rate limits skip local peers unless every IP is put in the global peer class.
+            flt = lt.ip_filter()
+            flt.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
+            self.session.set_peer_class_filter(flt)
+        self.transfers: dict[int, Transfer] = {}
+        self._removed_upload = 0
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.session.listen_port())
+
+    def _add(self, version: int, torrent: bytes, save_path: Path, seed: bool) -> Transfer:
+        lt = self._lt
+        params = lt.add_torrent_params()
+        params.ti = lt.torrent_info(torrent)
+        params.save_path = str(save_path)
+        params.flags &= ~lt.torrent_flags.auto_managed
+        params.flags &= ~lt.torrent_flags.paused
+        if seed:
+            params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
+        save_path.mkdir(parents=True, exist_ok=True)
+        transfer = Transfer(version, self.session.add_torrent(params), save_path)
+        if seed:
+            transfer.finished_at = transfer.started
+        self.transfers[version] = transfer
+        return transfer
+
+    def seed(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
+        return self._add(version, torrent, save_path, seed=True)
+
+    def fetch(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
+        if version in self.transfers:
+            return self.transfers[version]
+        return self._add(version, torrent, save_path, seed=False)
+
+    def poll(self) -> None:
+        """Drain alerts: mark finished downloads, count hash failures, record errors."""
+        lt = self._lt
+        by_handle = {t.handle: t for t in self.transfers.values()}
+        for alert in self.session.pop_alerts():
+            transfer = by_handle.get(getattr(alert, "handle", None))
+            if transfer is None:
+                continue
+            if isinstance(alert, lt.torrent_finished_alert) and transfer.finished_at is None:
+                transfer.finished_at = time.time()
+            elif isinstance(alert, lt.hash_failed_alert):
+                transfer.hash_failures += 1
+            elif isinstance(alert, (lt.torrent_error_alert, lt.file_error_alert)):
+                transfer.error = alert.message()
+        for transfer in self.transfers.values():
+            if transfer.finished_at is None and transfer.handle.status().is_seeding:
+                transfer.finished_at = time.time()
+
+    def progress(self, version: int) -> float:
+        transfer = self.transfers.get(version)
+        return float(transfer.handle.status().progress) if transfer else 0.0
+
+    def check(self, version: int) -> None:
+        transfer = self.transfers[version]
+        if transfer.error:
+            if "No space left" in transfer.error:
+                raise BroadcastError(f"disk full while fetching version {version} into {transfer.save_path}")
+            raise BroadcastError(f"torrent for version {version} failed: {transfer.error}")
+
+    def upload_bytes(self, version: int | None = None) -> int:
+        """Bytes uploaded to peers: for one version, or in total (removed torrents included)."""
+        if version is not None:
+            transfer = self.transfers.get(version)
+            return int(transfer.handle.status().all_time_upload) if transfer else 0
+        live = sum(int(t.handle.status().all_time_upload) for t in self.transfers.values())
+        return live + self._removed_upload
+
+    def download_bytes(self, version: int) -> int:
+        transfer = self.transfers.get(version)
+        return int(transfer.handle.status().all_time_download) if transfer else 0
+
+    def num_peers(self, version: int) -> int:
+        transfer = self.transfers.get(version)
+        return int(transfer.handle.status().num_peers) if transfer else 0
+
+    def remove(self, version: int, delete_dir: Path | None = None) -> None:
+        transfer = self.transfers.pop(version, None)
+        if transfer is not None:
+            self._removed_upload += int(transfer.handle.status().all_time_upload)
+            self.session.remove_torrent(transfer.handle)
+        if delete_dir is not None:
+            shutil.rmtree(delete_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        for version in list(self.transfers):
+            self.remove(version)
+        self.session.pause()

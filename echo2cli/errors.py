@@ -1,0 +1,48 @@
+"""The exceptions echo2 raises on purpose, each carrying one line a user can act on.
+
+    Echo2Error                 base: `str(err)` is the one-line message the CLI prints
+    ├── ConfigError            a setting is missing, out of range or inconsistent
+    ├── ModelError             a model directory is missing or does not load
+    ├── LearnerUnreachable     the worker cannot reach the learner's HTTP API
+    ├── AuthError              the learner rejected our token (HTTP 401/403)
+    ├── ProtocolError          the other side answered with something we cannot use (4xx, bad body)
+    ├── BroadcastError         a policy version could not be created, fetched or verified
+    └── DiskFullError          no space left for a checkpoint or a policy version
+
+Lower-layer errors (httpx, OSError, libtorrent alerts) are mapped to these at the module boundary;
+`cli.main` turns any of them into `echo2: error: <message>` and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class Echo2Error(Exception):
+    """Base class: the message is what the user sees."""
+
+
+class ConfigError(Echo2Error):
+    pass
+
+
+class ModelError(Echo2Error):
+    pass
+
+
+class LearnerUnreachable(Echo2Error):
+    pass
+
+
+class AuthError(Echo2Error):
+    pass
+
+
+class ProtocolError(Echo2Error):
+    pass
+
+
+class BroadcastError(Echo2Error):
+    pass
+
+
+class DiskFullError(Echo2Error):
+    pass

@@ -1,0 +1,1 @@
+"""Learning plane: coordinator (leases, staleness, tracker), GRPO trainer, publisher, checkpoints."""

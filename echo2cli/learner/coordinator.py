@@ -1,0 +1,337 @@
+"""The coordinator: prompts, leases, rollout admission (staleness S) and fleet bookkeeping.
+
+Pure Python with one lock; the HTTP server (`server.py`) and the training loop (`loop.py`) call it.
+
+Semantics (DESIGN.md):
+- Version v = parameters after v optimizer steps. Learner step t turns version t into t+1 and may use a
+  rollout generated with version x iff t - x <= S. A group that becomes inadmissible while it waits is
+  dropped, counted, and its prompt is leased again, so nothing is lost.
+- A lease is a set of prompt ids with a deadline. An expired lease (worker died, left or too slow) puts
+  its unfinished prompts back in the queue; a worker that leaves hands them back at once.
+- Each (prompt id, sample index) is trained on at most once: a prompt's group is accepted once, and any
+  later copy (a late worker whose lease had expired) is counted as a duplicate and dropped.
+- Rewards are computed here from the returned tokens, decoded by the learner's tokenizer. Behaviour
+  log-probs are checked (finite, <= 0, one per token) and used only for importance weights.
+- Leases are capped so that at most B * (S + 1) prompts are in flight or waiting: with S = 0 the fleet
+  generates exactly one batch per version (synchronous GRPO); larger S lets generation run ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from echo2cli.protocol import (
+    Heartbeat,
+    Lease,
+    LeaseResponse,
+    PolicyInfo,
+    PromptItem,
+    RolloutBatch,
+    Sample,
+    SubmitResult,
+    WorkerView,
+)
+from echo2cli.tasks import Problem, Task
+
+LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
+
+
+@dataclass
+class Group:
+    """G samples of one prompt, all generated with one policy version, with learner-computed rewards."""
+
+    prompt_id: int
+    version: int
+    prompt_token_ids: list[int]
+    samples: list[Sample]
+    rewards: list[float]
+    worker_id: str
+
+
+@dataclass
+class _Lease:
+    worker_id: str
+    version: int
+    outstanding: set[int]
+    deadline: float
+
+
+@dataclass
+class _Worker:
+    name: str
+    usd_per_hour: float
+    last_seen: float
+    version_loaded: int = -1
+    downloading_version: int | None = None
+    download_progress: float = 0.0
+    tokens_per_s: float = 0.0
+    upload_bytes: int = 0
+    rollouts: int = 0
+    left: bool = False
+    first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
+
+
+class Coordinator:
+    def __init__(
+        self,
+        task: Task,
+        *,
+        encode_prompt: Callable[[str], list[int]],
+        decode: Callable[[list[int]], str],
+        group_size: int,
+        staleness: int,
+        prompts_per_step: int,
+        max_new_tokens: int,
+        vocab_size: int,
+        lease_timeout_s: float,
+        heartbeat_s: float,
+        seed: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.task = task
+        self.encode_prompt, self.decode = encode_prompt, decode
+        self.G, self.S, self.B = group_size, staleness, prompts_per_step
+        self.max_new_tokens, self.vocab_size = max_new_tokens, vocab_size
+        self.lease_timeout_s, self.heartbeat_s = lease_timeout_s, heartbeat_s
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.version = 0
+        self.finished = False
+        self._problem_iter: Iterator[Problem] = task.prompts(seed, "train")
+        self.problems: dict[int, Problem] = {}
+        self.prompt_ids: dict[int, list[int]] = {}
+        self.pending: deque[int] = deque()
+        self.leases: dict[str, _Lease] = {}
+        self.done: set[int] = set()
+        self.ready: deque[Group] = deque()
+        self.workers: dict[str, _Worker] = {}
+        self.policies: dict[int, PolicyInfo] = {}
+        self.bcast_s: dict[int, float] = {}
+        self.counters: Counter[str] = Counter()
+
+    # -- workers -------------------------------------------------------------------------------------
+
+    def join(self, name: str, usd_per_hour: float) -> str:
+        with self.lock:
+            worker_id = uuid.uuid4().hex[:12]
+            self.workers[worker_id] = _Worker(name, usd_per_hour, self.clock())
+            return worker_id
+
+    def known(self, worker_id: str) -> bool:
+        return worker_id in self.workers and not self.workers[worker_id].left
+
+    def _saw(self, worker_id: str, version: int) -> None:
+        w = self.workers[worker_id]
+        w.last_seen = self.clock()
+        if version >= 0:
+            w.version_loaded = version
+            w.first_seen_with.setdefault(version, w.last_seen)
+
+    def heartbeat(self, hb: Heartbeat) -> None:
+        with self.lock:
+            self._saw(hb.worker_id, hb.version_loaded)
+            w = self.workers[hb.worker_id]
+            w.downloading_version, w.download_progress = hb.downloading_version, hb.download_progress
+            w.tokens_per_s, w.upload_bytes = hb.tokens_per_s, hb.upload_bytes
+
+    def leave(self, worker_id: str) -> int:
+        """The worker is gone: its unfinished prompts go back to the queue. Returns how many."""
+        with self.lock:
+            returned = 0
+            for lease_id in [k for k, ls in self.leases.items() if ls.worker_id == worker_id]:
+                returned += self._requeue_lease(lease_id)
+            self.workers[worker_id].left = True
+            return returned
+
+    def active_workers(self) -> list[str]:
+        now = self.clock()
+        return [
+            wid for wid, w in self.workers.items() if not w.left and now - w.last_seen < 3 * self.heartbeat_s
+        ]
+
+    # -- leases --------------------------------------------------------------------------------------
+
+    def _next_prompt(self) -> int:
+        while self.pending:
+            prompt_id = self.pending.popleft()
+            if prompt_id not in self.done:  # a late worker may have finished it after its lease expired
+                return prompt_id
+        prompt_id = len(self.problems)
+        problem = next(self._problem_iter)
+        self.problems[prompt_id] = problem
+        self.prompt_ids[prompt_id] = self.encode_prompt(problem.prompt)
+        return prompt_id
+
+    def _in_flight(self) -> int:
+        return sum(len(ls.outstanding) for ls in self.leases.values()) + len(self.ready)
+
+    def lease(self, worker_id: str, version: int, max_prompts: int) -> LeaseResponse:
+        with self.lock:
+            self._saw(worker_id, version)
+            self.expire_leases()
+            if self.finished:
+                return LeaseResponse(status="finished", latest_version=self.version)
+            if self.version - version > self.S:
+                return LeaseResponse(
+                    status="update",
+                    latest_version=self.version,
+                    detail=f"version {version} is more than S={self.S} behind {self.version}",
+                )
+            room = self.B * (self.S + 1) - self._in_flight()
+            n = min(max_prompts, room)
+            if n <= 0:
+                return LeaseResponse(status="wait", latest_version=self.version)
+            ids = [self._next_prompt() for _ in range(n)]
+            lease_id = uuid.uuid4().hex[:16]
+            self.leases[lease_id] = _Lease(worker_id, version, set(ids), self.clock() + self.lease_timeout_s)
+            items = [PromptItem(prompt_id=i, prompt_token_ids=self.prompt_ids[i]) for i in ids]
+            lease = Lease(lease_id=lease_id, version=version, prompts=items, deadline_s=self.lease_timeout_s)
+            return LeaseResponse(status="ok", lease=lease, latest_version=self.version)
+
+    def _requeue_lease(self, lease_id: str) -> int:
+        lease = self.leases.pop(lease_id)
+        back = sorted(i for i in lease.outstanding if i not in self.done)
+        self.pending.extendleft(reversed(back))  # oldest prompts first
+        return len(back)
+
+    def expire_leases(self) -> None:
+        with self.lock:
+            now = self.clock()
+            for lease_id in [k for k, ls in self.leases.items() if ls.deadline < now]:
+                self.counters["leases_expired"] += 1
+                self._requeue_lease(lease_id)
+
+    # -- rollouts ------------------------------------------------------------------------------------
+
+    def _invalid_reason(self, samples: list[Sample]) -> str:
+        if sorted(s.sample_idx for s in samples) != list(range(self.G)):
+            return f"a group needs sample_idx 0..{self.G - 1} exactly once"
+        for s in samples:
+            if not 0 < len(s.completion_token_ids) <= self.max_new_tokens:
+                return f"completion length {len(s.completion_token_ids)} not in 1..{self.max_new_tokens}"
+            if len(s.logprobs) != len(s.completion_token_ids):
+                return "logprobs and completion_token_ids differ in length"
+            if any(not 0 <= t < self.vocab_size for t in s.completion_token_ids):
+                return "token id outside the vocabulary"
+            if any(not math.isfinite(lp) or lp > LOGPROB_TOLERANCE for lp in s.logprobs):
+                return "log-probs must be finite and <= 0"
+        return ""
+
+    def submit(self, batch: RolloutBatch) -> SubmitResult:
+        with self.lock:
+            self._saw(batch.worker_id, -1)
+            result = SubmitResult()
+            lease = self.leases.get(batch.lease_id)
+            if batch.version > self.version or (lease is not None and lease.version != batch.version):
+                result.invalid = len(batch.samples)
+                result.detail = f"version {batch.version} does not match the lease"
+                self.counters["invalid_samples"] += result.invalid
+                return result
+            by_prompt: dict[int, list[Sample]] = {}
+            for s in batch.samples:
+                by_prompt.setdefault(s.prompt_id, []).append(s)
+            stale = self.version - batch.version > self.S
+            for prompt_id, samples in by_prompt.items():
+                leased = lease is not None and prompt_id in lease.outstanding
+                if prompt_id in self.done:
+                    result.duplicate += len(samples)
+                elif prompt_id not in self.problems or (lease is not None and not leased):
+                    result.invalid += len(samples)
+                    result.detail = f"prompt {prompt_id} was not leased to this worker"
+                elif reason := self._invalid_reason(samples):
+                    result.invalid += len(samples)
+                    result.detail = reason
+                elif stale:
+                    result.stale += len(samples)
+                else:
+                    self._accept(prompt_id, batch, samples)
+                    result.accepted += len(samples)
+                if leased and prompt_id not in self.done:
+                    lease.outstanding.discard(prompt_id)
+                    self.pending.appendleft(prompt_id)  # rejected: lease it again, nothing lost
+                elif leased:
+                    lease.outstanding.discard(prompt_id)
+            if lease is not None and not lease.outstanding:
+                del self.leases[batch.lease_id]
+            self.workers[batch.worker_id].rollouts += result.accepted
+            for key in ("stale", "duplicate", "invalid"):
+                self.counters[f"{key}_samples"] += getattr(result, key)
+            return result
+
+    def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample]) -> None:
+        problem = self.problems[prompt_id]
+        samples = sorted(samples, key=lambda s: s.sample_idx)
+        rewards = [self.task.reward(problem, self.decode(s.completion_token_ids)) for s in samples]
+        self.ready.append(
+            Group(prompt_id, batch.version, self.prompt_ids[prompt_id], samples, rewards, batch.worker_id)
+        )
+        self.done.add(prompt_id)
+
+    # -- the training loop's side --------------------------------------------------------------------
+
+    def take_batch(self) -> list[Group] | None:
+        """B admissible groups for step t = self.version, oldest first; None if not enough yet."""
+        with self.lock:
+            self.expire_leases()
+            t = self.version
+            for group in [g for g in self.ready if t - g.version > self.S]:
+                self.ready.remove(group)
+                self.done.discard(group.prompt_id)
+                self.pending.appendleft(group.prompt_id)
+                self.counters["stale_samples"] += len(group.samples)
+            if len(self.ready) < self.B:
+                return None
+            return [self.ready.popleft() for _ in range(self.B)]
+
+    def advance(self, version: int) -> None:
+        with self.lock:
+            self.version = version
+
+    def publish(self, policy: PolicyInfo) -> None:
+        with self.lock:
+            self.policies[policy.version] = policy
+
+    def latest_policy(self) -> PolicyInfo:
+        with self.lock:
+            return self.policies[max(self.policies)]
+
+    def finish(self) -> None:
+        with self.lock:
+            self.finished = True
+
+    def update_bcast(self) -> list[int]:
+        """T_bcast(v) = publish → every active worker generating with v or newer. Returns versions newly done."""
+        with self.lock:
+            active = [self.workers[w] for w in self.active_workers()]
+            newly = []
+            for v, policy in self.policies.items():
+                if v in self.bcast_s or not active:
+                    continue
+                firsts = [min((t for x, t in w.first_seen_with.items() if x >= v), default=None) for w in active]
+                if all(t is not None for t in firsts):
+                    self.bcast_s[v] = max(0.0, max(firsts) - policy.published_at)
+                    newly.append(v)
+            return newly
+
+    def worker_views(self) -> list[WorkerView]:
+        with self.lock:
+            active = set(self.active_workers())
+            return [
+                WorkerView(
+                    worker_id=wid,
+                    name=w.name,
+                    version_loaded=w.version_loaded,
+                    downloading_version=w.downloading_version,
+                    download_progress=w.download_progress,
+                    tokens_per_s=w.tokens_per_s,
+                    rollouts=w.rollouts,
+                    active=wid in active,
+                )
+                for wid, w in self.workers.items()
+            ]

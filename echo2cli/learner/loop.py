@@ -1,0 +1,243 @@
+"""`echo2 learner`: the training loop that ties coordinator, trainer, publisher and server together.
+
+    publish v0 → serve → for t in 0..steps-1:
+        wait until B admissible groups are ready            (learner/t_wait_s: the bubble)
+        one GRPO step on them                               (learner/t_train_s: T_train)
+        publish version t+1 every kappa steps               (learner/t_publish_s)
+        log one metrics line; checkpoint every N steps
+    finish: tell workers, final checkpoint, linger so they hear it, stop.
+
+Bubble ratio = time waiting for rollouts / wall time, counted from the end of the first wait: the first
+wait is fleet start-up (engines loading), which a capacity model of steady state does not describe.
+T_bcast(v) = from publishing v until every active worker generates with v or newer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from echo2cli.broadcast.node import TorrentNode
+from echo2cli.config import LearnerConfig
+from echo2cli.errors import ConfigError
+from echo2cli.learner.coordinator import Coordinator, Group
+from echo2cli.learner.publisher import Publisher
+from echo2cli.learner.server import build_app
+from echo2cli.learner.trainer import Trainer
+from echo2cli.metrics import MetricsWriter
+from echo2cli.models import MODEL_FILES, resolve_model
+from echo2cli.tasks import load_task
+
+SCALARS_IN_STATUS = (
+    "rollout/reward_mean", "learner/t_train_s", "learner/t_wait_s", "bcast/t_s", "bcast/version",
+    "learner/bubble_ratio", "bcast/upload_ratio", "rollout/staleness_max", "train/loss", "time_s",
+)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}): pick another --port") from exc
+    sock.listen(128)
+    return sock
+
+
+def serve_in_thread(app: Any, sock: socket.socket):
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return server, thread
+
+
+def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
+    rewards = [r for g in groups for r in g.rewards]
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    hist = Counter(step - g.version for g in groups for _ in g.samples)  # every trained sample
+    return {
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": std,
+        "rollout/samples": len(rewards),
+        "rollout/staleness_hist": {str(k): v for k, v in sorted(hist.items())},
+        "rollout/staleness_max": max(hist),
+        "rollout/staleness_mean": sum(k * v for k, v in hist.items()) / len(rewards),
+        "rollout/versions": sorted({g.version for g in groups}),
+        "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
+        "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
+    }
+
+
+class Learner:
+    def __init__(self, cfg: LearnerConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.out = cfg.out_dir
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.model_dir = resolve_model(cfg.model)
+        task = load_task(cfg.task)
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = tok
+
+        def encode(text: str) -> list[int]:
+            msgs = [{"role": "user", "content": text}]
+            return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+        if cfg.torch_threads:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
+        self.trainer = Trainer(
+            self.model_dir, lr=cfg.lr, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
+            max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch,
+        )
+        self.coord = Coordinator(
+            task, encode_prompt=encode, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            group_size=cfg.group_size, staleness=cfg.staleness, prompts_per_step=cfg.prompts_per_step,
+            max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
+            lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed,
+        )
+        self.sock = bind_socket(cfg.host, cfg.port)
+        host, port = self.sock.getsockname()[:2]
+        self.url = cfg.public_url or f"http://{host}:{port}"
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000))
+        self.publisher = Publisher(
+            self.trainer, self.node, self.coord, self.out / "versions", f"{self.url}/announce",
+            keep=cfg.staleness + 1,
+        )
+        self.metrics = MetricsWriter(self.out / "metrics.jsonl")
+        self.last: dict[str, Any] = {}
+        self.upload_ratio: dict[int, float] = {}
+
+    def _model_files(self) -> list[str]:
+        return [f for f in MODEL_FILES if (self.model_dir / f).exists()]
+
+    def _status_extra(self) -> dict:
+        return {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last}
+
+    def _tick(self) -> None:
+        self.node.poll()
+        for v in self.coord.update_bcast():
+            size = self.publisher.sizes.get(v)
+            if size:
+                self.upload_ratio[v] = self.node.upload_bytes(v) / size
+
+    def _bcast_metrics(self) -> dict[str, Any]:
+        if not self.coord.bcast_s:
+            return {}
+        v = max(self.coord.bcast_s)
+        return {"bcast/version": v, "bcast/t_s": self.coord.bcast_s[v], "bcast/upload_ratio": self.upload_ratio.get(v)}
+
+    def checkpoint(self, step: int) -> Path:
+        ckpt_root = self.out / "checkpoints"
+        target = ckpt_root / f"step_{step:06d}"
+        state = {"step": step, "version": step, "run_id": self.run_id, "config": self.cfg.model_dump(mode="json")}
+        self.trainer.save_checkpoint(target, state)
+        for name in self._model_files():
+            if name != "config.json" and name != "generation_config.json":
+                shutil.copy2(self.model_dir / name, target / name)
+        for old in sorted(ckpt_root.glob("step_*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        self.publisher.publish(0)
+        join_info = dict(
+            task=cfg.task, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature, staleness=cfg.staleness, heartbeat_s=cfg.heartbeat_s,
+            model_files=self._model_files(),
+        )
+        app = build_app(
+            self.coord, run_id=self.run_id, join_info=join_info, model_dir=self.model_dir,
+            model_files=self._model_files(), token=cfg.token, status_extra=self._status_extra,
+            target_steps=cfg.steps,
+        )
+        server, thread = serve_in_thread(app, self.sock)
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        (self.out / "learner.json").write_text(json.dumps({"url": self.url, "run_id": self.run_id, "pid": os.getpid()}))
+        t_start = time.time()
+        steady_since: float | None = None
+        waited_steady = 0.0
+        try:
+            for t in range(cfg.steps):
+                t0 = time.time()
+                while (groups := self.coord.take_batch()) is None:
+                    time.sleep(0.02)
+                    self._tick()
+                t_wait = time.time() - t0
+                if steady_since is None:
+                    steady_since = time.time()
+                else:
+                    waited_steady += t_wait
+                record: dict[str, Any] = {"step": t, **batch_metrics(groups, t)}
+                record.update(self.trainer.step(groups))
+                version = t + 1
+                t1 = time.time()
+                if version % cfg.kappa == 0 or version == cfg.steps:
+                    self.publisher.publish(version)
+                self.coord.advance(version)
+                self._tick()
+                now = time.time()
+                c = self.coord.counters
+                record.update({
+                    "version": version,
+                    "time_s": now - t_start,
+                    "learner/t_wait_s": t_wait,
+                    "learner/t_publish_s": now - t1,
+                    "learner/bubble_ratio": waited_steady / max(now - steady_since, 1e-9),
+                    "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
+                    "rollout/stale_dropped_total": c["stale_samples"],
+                    "rollout/duplicate_total": c["duplicate_samples"],
+                    "rollout/invalid_total": c["invalid_samples"],
+                    "rollout/leases_expired_total": c["leases_expired"],
+                    "workers/active": len(self.coord.active_workers()),
+                    **self._bcast_metrics(),
+                })
+                self.metrics.write(record)
+                self.last = record
+                if on_step:
+                    on_step(record)
+                if cfg.checkpoint_every and version % cfg.checkpoint_every == 0 and version != cfg.steps:
+                    self.checkpoint(version)
+            self.coord.finish()
+            final = self.checkpoint(cfg.steps)
+            self._linger()
+        finally:
+            self.coord.finish()
+            server.should_exit = True
+            thread.join(timeout=10)
+            self.node.close()
+            self.metrics.close()
+        summary = {
+            "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
+            "checkpoint": str(final), "metrics": str(self.metrics.path),
+            "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
+            "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _linger(self) -> None:
+        """Serve on until every worker has heard 'finished' and left, or linger_s passes."""
+        deadline = time.time() + self.cfg.linger_s
+        while time.time() < deadline and self.coord.active_workers():
+            self._tick()
+            time.sleep(0.1)

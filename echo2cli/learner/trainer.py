@@ -1,0 +1,155 @@
+"""The GRPO trainer: one optimizer step per batch of groups, and bf16 export of the weights.
+
+Parameters and AdamW state stay in fp32; the forward/backward pass runs under bf16 autocast where the
+hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX), in fp32 elsewhere. Sequences are
+prompt + completion exactly as the worker's engine produced them (no re-tokenization), right-padded, in
+micro-batches whose losses are weighted by their share of completion tokens so the step equals one
+token-level mean over the whole batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from echo2cli.learner.coordinator import Group
+from echo2cli.learner.grpo import compute_advantages, grpo_loss
+
+
+def _autocast_ok(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return True
+    from echo2cli.worker.engine import cpu_has_bf16
+
+    return cpu_has_bf16()
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        lr: float,
+        clip_eps: float,
+        is_cap: float,
+        kl_coef: float,
+        max_grad_norm: float,
+        micro_batch: int,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        self.model.train()
+        self.ref = None
+        if kl_coef > 0:
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
+        self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
+        self.autocast = _autocast_ok(self.device)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+
+    def _token_logp(
+        self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Log-prob of each next token, [N, T-1]; 0 where mask is 0.
+
+        The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs only
+        on completion positions: prompt positions carry no loss, and prompts are most of the tokens.
+        """
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+            where = mask.bool()
+            logits = model.get_output_embeddings()(hidden[where]).float()
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
+        return out
+
+    def _collate(self, rows: Sequence[tuple[list[int], list[int], list[float]]]):
+        """rows of (prompt ids, completion ids, behaviour logprobs) → padded tensors aligned to targets."""
+        length = max(len(p) + len(c) for p, c, _ in rows)
+        n = len(rows)
+        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, length), dtype=torch.long)
+        mask = torch.zeros((n, length - 1))
+        behaviour = torch.zeros((n, length - 1))
+        for i, (p, c, lp) in enumerate(rows):
+            seq = p + c
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            # target position j predicts token j+1; completion tokens sit at len(p) .. len(seq)-1
+            mask[i, len(p) - 1 : len(seq) - 1] = 1
+            behaviour[i, len(p) - 1 : len(seq) - 1] = torch.tensor(lp)
+        dev = self.device
+        return ids.to(dev), attn.to(dev), mask.to(dev), behaviour.to(dev)
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+        advantages = compute_advantages(rewards).flatten()
+        rows = [
+            (g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples
+        ]
+        total_tokens = sum(len(c) for _, c, _ in rows)
+        self.opt.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for start in range(0, len(rows), self.micro_batch):
+            chunk = rows[start : start + self.micro_batch]
+            ids, attn, mask, behaviour = self._collate(chunk)
+            logp = self._token_logp(self.model, ids, attn, mask)
+            ref_logp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = self._token_logp(self.ref, ids, attn, mask)
+            adv = advantages[start : start + len(chunk)].to(self.device)
+            loss, metrics = grpo_loss(
+                logp, behaviour, adv, mask,
+                clip_eps=self.clip_eps, is_cap=self.is_cap, ref_logp=ref_logp, kl_coef=self.kl_coef,
+            )
+            share = float(mask.sum()) / max(total_tokens, 1)
+            (loss * share).backward()
+            for k, v in metrics.items():
+                sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        t_train = time.perf_counter() - t0
+        return {
+            **sums,
+            "train/grad_norm": float(grad_norm),
+            "train/tokens": float(total_tokens),
+            "train/advantage_nonzero_frac": float((advantages.abs() > 1e-6).float().mean()),
+            "learner/t_train_s": t_train,
+            "perf/train_tokens_per_s": total_tokens / t_train,
+        }
+
+    def export_weights(self, path: Path) -> None:
+        """Write model.safetensors in bf16 (the rollout/wire dtype); tied lm_head is left out as HF does."""
+        from safetensors.torch import save_file
+
+        state = self.model.state_dict()
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        tensors = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.rename(path)
+
+    def save_checkpoint(self, directory: Path, extra: dict) -> None:
+        import json
+
+        tmp = directory.with_name(directory.name + ".tmp")
+        self.model.save_pretrained(tmp)
+        torch.save(self.opt.state_dict(), tmp / "optimizer.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(extra, indent=2, default=str))
+        if directory.exists():
+            import shutil
+
+            shutil.rmtree(directory)
+        tmp.rename(directory)

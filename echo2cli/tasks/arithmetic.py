@@ -1,0 +1,61 @@
+"""Procedural arithmetic: "Compute a + b. Reply with only the number."
+
+Difficulty is a mix, because a single level is either solved or hopeless for a 135M model
+(measured with SmolLM2-135M-Instruct at temperature 1: single-digit addition ~21 % sampled reward,
+two-digit addition ~1.5 %). The mix below leaves headroom in sampled reward and in greedy
+held-out accuracy; docs/BENCHMARKS.md has the measured base rates.
+
+Reward = 1 if the last integer in the completion equals the answer, else 0. The eval split is the
+set of problems whose stable hash falls in bucket 0 of 10; training never sees them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Iterator
+
+from echo2cli.tasks import Problem, Split
+
+_INT = re.compile(r"-?\d+")
+
+# (weight, op, range of a, range of b)
+LEVELS: list[tuple[float, str, tuple[int, int], tuple[int, int]]] = [
+    (0.5, "+", (0, 9), (0, 9)),
+    (0.25, "+", (10, 49), (0, 9)),
+    (0.25, "-", (5, 19), (0, 5)),
+]
+
+
+def _is_eval(op: str, a: int, b: int) -> bool:
+    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    return digest[0] % 10 == 0
+
+
+def last_int(text: str) -> int | None:
+    found = _INT.findall(text.replace(",", ""))
+    return int(found[-1]) if found else None
+
+
+class ArithmeticTask:
+    name = "arithmetic"
+
+    def prompts(self, seed: int, split: Split = "train") -> Iterator[Problem]:
+        rng = random.Random(seed)
+        weights = [w for w, *_ in LEVELS]
+        while True:
+            _, op, (a_lo, a_hi), (b_lo, b_hi) = rng.choices(LEVELS, weights)[0]
+            a, b = rng.randint(a_lo, a_hi), rng.randint(b_lo, b_hi)
+            if _is_eval(op, a, b) != (split == "eval"):
+                continue
+            answer = a + b if op == "+" else a - b
+            yield Problem(
+                prompt=f"Compute {a} {op} {b}. Reply with only the number.",
+                answer=str(answer),
+                meta={"op": op, "a": a, "b": b},
+            )
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        got = last_int(completion)
+        return 1.0 if got is not None and str(got) == problem.answer else 0.0

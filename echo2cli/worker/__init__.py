@@ -1,0 +1,1 @@
+"""Rollout plane: join the learner, fetch policy versions from the swarm, generate with vLLM."""

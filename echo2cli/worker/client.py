@@ -1,0 +1,118 @@
+"""HTTP client for the learner's `/v1` API, typed with the shared `protocol` models.
+
+Timeouts: `connect` 5 s (a learner that does not accept within 5 s is down or unreachable);
+`read` = request_timeout_s (a submit carries a few hundred KB and the learner may be mid-step).
+Retries: only what can succeed on retry — transport errors and 5xx — with exponential backoff, until the
+learner has been unreachable for `unreachable_s`. 4xx are never retried: 401 → AuthError,
+other 4xx → ProtocolError carrying the learner's detail.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
+from echo2cli.protocol import (
+    API,
+    Heartbeat,
+    HeartbeatReply,
+    JoinRequest,
+    JoinResponse,
+    LeaseRequest,
+    LeaseResponse,
+    LeaveRequest,
+    PolicyInfo,
+    RolloutBatch,
+    Status,
+    SubmitResult,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class LearnerClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        request_timeout_s: float = 30.0,
+        unreachable_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.unreachable_s = unreachable_s
+        self.http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=5.0),
+            transport=transport,
+        )
+
+    def _request(self, method: str, path: str, body: BaseModel | None = None) -> httpx.Response:
+        deadline = time.monotonic() + self.unreachable_s
+        delay = 0.25
+        while True:
+            try:
+                resp = self.http.request(method, path, content=body.model_dump_json() if body else None,
+                                         headers={"Content-Type": "application/json"} if body else None)
+                if resp.status_code < 500:
+                    break
+                problem = f"HTTP {resp.status_code}"
+            except httpx.TransportError as exc:
+                problem = type(exc).__name__
+            if time.monotonic() + delay > deadline:
+                raise LearnerUnreachable(
+                    f"learner at {self.url} unreachable for {self.unreachable_s:.0f} s ({problem}): "
+                    "check the URL and that `echo2 learner` is running"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        if resp.status_code in (401, 403):
+            raise AuthError(f"learner at {self.url} refused our token: pass the learner's --token")
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            raise ProtocolError(f"learner answered {resp.status_code} to {method} {path}: {detail}")
+        return resp
+
+    def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
+        resp = self._request(method, f"{API}{path}", body)
+        try:
+            return out.model_validate_json(resp.content)
+        except ValueError as exc:
+            raise ProtocolError(f"unexpected answer from {path}: {exc}") from exc
+
+    def join(self, req: JoinRequest) -> JoinResponse:
+        return self._call("POST", "/join", req, JoinResponse)
+
+    def lease(self, req: LeaseRequest) -> LeaseResponse:
+        return self._call("POST", "/lease", req, LeaseResponse)
+
+    def submit(self, batch: RolloutBatch) -> SubmitResult:
+        return self._call("POST", "/rollouts", batch, SubmitResult)
+
+    def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
+        return self._call("POST", "/heartbeat", hb, HeartbeatReply)
+
+    def policy(self) -> PolicyInfo:
+        return self._call("GET", "/policy", None, PolicyInfo)
+
+    def status(self) -> Status:
+        return self._call("GET", "/status", None, Status)
+
+    def leave(self, worker_id: str) -> None:
+        self._request("POST", f"{API}/leave", LeaveRequest(worker_id=worker_id))
+
+    def model_file(self, name: str) -> bytes:
+        return self._request("GET", f"{API}/model/files/{name}").content
+
+    def close(self) -> None:
+        self.http.close()

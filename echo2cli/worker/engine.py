@@ -1,0 +1,113 @@
+"""The vLLM engine a worker generates with, and its in-place weight hot swap.
+
+`reload` calls vLLM's `reload_weights` through `collective_rpc` on a directory holding only
+`model.safetensors`: the engine keeps its KV cache, compiled graphs and process, so a swap costs
+~0.3 s for the 135M default on CPU instead of an ~18 s engine restart.
+
+Weights travel in bf16; the engine computes in bf16 where the hardware has it (CUDA, or a CPU with
+AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the log-prob of every sampled token
+(`SamplingParams(logprobs=0)`); vLLM computes them from the raw logits, so they equal the sampling
+distribution at temperature 1 (the default), which is what the learner's importance weights assume.
+On CPU the KV cache is sized in bytes (`kv_cache_memory_bytes`) because the GPU-style memory fraction
+fails there. vLLM is imported lazily: nothing else in echo2 needs it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from echo2cli.errors import ModelError
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class Engine:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        kv_cache_gib: float = 1.0,
+        max_model_len: int = 1024,
+        seed: int = 0,
+        dtype: str = "auto",
+    ) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ModelError(f"vLLM is not importable ({exc}): run `bash scripts/setup.sh`") from exc
+        cuda = _has_cuda()
+        dtype = compute_dtype(cuda) if dtype == "auto" else dtype
+        kwargs: dict = dict(
+            model=str(model_dir),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_prefix_caching=True,
+            # On CPU, torch.compile warm-up takes 96-126 s per engine start against 4 s eager, for
+            # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
+            enforce_eager=not cuda,
+        )
+        if not cuda:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        else:
+            kwargs["gpu_memory_utilization"] = 0.5
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as exc:  # vLLM raises many types; all mean "this model does not start"
+            raise ModelError(f"vLLM could not start on {model_dir}: {exc}") from exc
+
+    def generate(
+        self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int, seed: int | None = None
+    ) -> list[list[Completion]]:
+        """G = n completions per prompt, each with per-token behaviour log-probs."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        groups = []
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids, strict=True)]
+                group.append(Completion(ids, lps, c.finish_reason or ""))
+            groups.append(group)
+        return groups
+
+    def reload(self, weights_dir: Path) -> float:
+        """Swap in the weights of `weights_dir/model.safetensors`; returns seconds taken."""
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
+        return time.perf_counter() - t0
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def compute_dtype(cuda: bool) -> str:
+    return "bfloat16" if cuda or cpu_has_bf16() else "float32"

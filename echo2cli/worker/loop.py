@@ -1,0 +1,234 @@
+"""`echo2 worker --join URL`: join, fetch each policy version from the swarm, generate, submit.
+
+    join → fetch config/tokenizer (HTTP, once) → fetch the latest version (torrent) → start vLLM
+    loop:  swap in a finished download (verified) → lease prompts → generate G samples each → submit
+           a newer version announced? start fetching it in the background (libtorrent threads)
+    Ctrl-C / SIGTERM / learner finished: hand back leases, leave, stop.
+
+A version is loaded only after libtorrent verified every piece and the file's SHA-256 matches the
+learner's. While the next version downloads, the worker keeps generating with the one it has (that
+is what staleness S allows); the learner answers `update` once the worker is more than S behind.
+Every load is appended to `<work_dir>/events.jsonl` (tests and benchmarks read it).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from echo2cli.broadcast.node import TorrentNode
+from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file
+from echo2cli.config import WorkerConfig
+from echo2cli.errors import BroadcastError
+from echo2cli.metrics import MetricsWriter
+from echo2cli.protocol import Heartbeat, JoinRequest, JoinResponse, LeaseRequest, PolicyInfo, RolloutBatch, Sample
+from echo2cli.worker.client import LearnerClient
+
+FETCH_ATTEMPTS = 3
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console(stderr=True, quiet=True)
+        self.work_dir = (cfg.work_dir or Path.home() / ".cache" / "echo2" / "workers" / cfg.name).expanduser()
+        self.versions_dir = self.work_dir / "versions"
+        self.client = LearnerClient(
+            cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s
+        )
+        self.node: TorrentNode | None = None
+        self.engine = None
+        self.worker_id = ""
+        self.loaded = -1
+        self.downloading: PolicyInfo | None = None
+        self.tokens_per_s = 0.0
+        self.stop = threading.Event()
+        self.events: MetricsWriter | None = None
+
+    # -- versions ------------------------------------------------------------------------------------
+
+    def _vdir(self, version: int) -> Path:
+        return self.versions_dir / f"v{version:06d}"
+
+    def _start_fetch(self, policy: PolicyInfo) -> None:
+        assert self.node is not None
+        torrent = TorrentFile.from_b64(policy.torrent_b64)
+        if torrent.info_hash != policy.info_hash:
+            raise BroadcastError(f"torrent of version {policy.version} does not match its announced info-hash")
+        self.node.fetch(policy.version, torrent.data, self.versions_dir)
+        self.downloading = policy
+
+    def _download_done(self) -> bool:
+        """Poll the swarm; True once the pending version is complete and its SHA-256 verified."""
+        assert self.node is not None and self.downloading is not None
+        self.node.poll()
+        policy = self.downloading
+        self.node.check(policy.version)
+        if self.node.transfers[policy.version].finished_at is None:
+            return False
+        if sha256_file(self._vdir(policy.version) / WEIGHTS_FILE) != policy.sha256:
+            # libtorrent verified the pieces, so the file changed on disk: recheck repairs it.
+            self.node.transfers[policy.version].handle.force_recheck()
+            self.node.transfers[policy.version].finished_at = None
+            return False
+        return True
+
+    def _wait_download(self) -> None:
+        policy = self.downloading
+        assert policy is not None
+        while not self._download_done():
+            if self.stop.is_set():
+                raise KeyboardInterrupt
+            time.sleep(0.05)
+
+    def _record_load(self, policy: PolicyInfo, t_reload: float) -> None:
+        assert self.node is not None and self.events is not None
+        transfer = self.node.transfers[policy.version]
+        self.events.write({
+            "event": "loaded", "worker_id": self.worker_id, "version": policy.version,
+            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True,
+            "downloaded_bytes": self.node.download_bytes(policy.version), "size_bytes": policy.size_bytes,
+            "hash_failures": transfer.hash_failures,
+            "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
+            "t_reload_s": t_reload, "time": time.time(),
+        })
+
+    def _swap_if_ready(self) -> None:
+        if self.downloading is None or not self._download_done():
+            return
+        policy = self.downloading
+        t_reload = self.engine.reload(self._vdir(policy.version))
+        self.loaded, self.downloading = policy.version, None
+        self._record_load(policy, t_reload)
+        self.console.log(f"loaded version {policy.version} (reload {t_reload:.2f} s)")
+        self._send_heartbeat()
+        self._prune()
+
+    def _prune(self) -> None:
+        assert self.node is not None
+        keep_after = self.loaded - (self.join_info.staleness + 1)
+        for v in [v for v in self.node.transfers if v < keep_after]:
+            self.node.remove(v, delete_dir=self._vdir(v))
+
+    # -- start-up ------------------------------------------------------------------------------------
+
+    def _prepare_engine_dir(self, info: JoinResponse) -> Path:
+        engine_dir = self.work_dir / "engine"
+        engine_dir.mkdir(parents=True, exist_ok=True)
+        for name in info.model_files:
+            (engine_dir / name).write_bytes(self.client.model_file(name))
+        link = engine_dir / WEIGHTS_FILE
+        link.unlink(missing_ok=True)
+        link.symlink_to(self._vdir(info.policy.version) / WEIGHTS_FILE)
+        return engine_dir
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(self.join_info.heartbeat_s):
+            try:
+                reply = self._send_heartbeat()
+                if reply is not None and reply.finished:
+                    self.stop.set()
+            except Exception as exc:  # the main loop reports persistent failures; keep beating
+                self.console.log(f"heartbeat failed: {exc}")
+
+    def _send_heartbeat(self):
+        node = self.node
+        pending = self.downloading
+        return self.client.heartbeat(Heartbeat(
+            worker_id=self.worker_id, version_loaded=self.loaded,
+            downloading_version=pending.version if pending else None,
+            download_progress=node.progress(pending.version) if (node and pending) else 0.0,
+            tokens_per_s=self.tokens_per_s, upload_bytes=node.upload_bytes() if node else 0,
+        ))
+
+    # -- main loop -----------------------------------------------------------------------------------
+
+    def _generate(self, lease) -> RolloutBatch:
+        info = self.join_info
+        t0 = time.perf_counter()
+        groups = self.engine.generate(
+            [p.prompt_token_ids for p in lease.prompts], n=info.group_size,
+            temperature=info.temperature, max_new_tokens=info.max_new_tokens,
+        )
+        gen_s = time.perf_counter() - t0
+        samples = [
+            Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=c.token_ids,
+                   logprobs=c.logprobs, finish_reason=c.finish_reason)
+            for p, group in zip(lease.prompts, groups, strict=True) for i, c in enumerate(group)
+        ]
+        n_tokens = sum(len(s.completion_token_ids) for s in samples)
+        self.tokens_per_s = n_tokens / max(gen_s, 1e-9)
+        return RolloutBatch(worker_id=self.worker_id, lease_id=lease.lease_id, version=lease.version,
+                            samples=samples, gen_s=gen_s)
+
+    def run(self) -> dict:
+        from echo2cli.worker.engine import Engine
+
+        cfg = self.cfg
+        info = self.client.join(JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour))
+        self.join_info, self.worker_id = info, info.worker_id
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.events = MetricsWriter(self.work_dir / "events.jsonl")
+        self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000))
+        stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0}
+        beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
+        try:
+            self._start_fetch(info.policy)
+            engine_dir = self._prepare_engine_dir(info)
+            beat.start()
+            self._wait_download()
+            self.engine = Engine(engine_dir, kv_cache_gib=cfg.kv_cache_gib, max_model_len=cfg.max_model_len,
+                                 seed=cfg.seed, dtype=cfg.dtype)
+            self.loaded, self.downloading = info.policy.version, None
+            self._record_load(info.policy, 0.0)
+            self._send_heartbeat()
+            self.console.log(f"engine up with version {self.loaded}")
+            while not self.stop.is_set():
+                self._swap_if_ready()
+                resp = self.client.lease(LeaseRequest(worker_id=self.worker_id, version=self.loaded,
+                                                      max_prompts=cfg.prompts_per_lease))
+                if resp.status == "finished":
+                    break
+                if resp.latest_version > self.loaded and (
+                    self.downloading is None or self.downloading.version < resp.latest_version
+                ):
+                    if self.downloading is not None:  # a newer one superseded it: drop the old download
+                        self.node.remove(self.downloading.version, delete_dir=self._vdir(self.downloading.version))
+                    self._start_fetch(self.client.policy())
+                if resp.status == "ok" and resp.lease is not None:
+                    batch = self._generate(resp.lease)
+                    result = self.client.submit(batch)
+                    stats["leases"] += 1
+                    stats["rollouts"] += len(batch.samples)
+                    stats["accepted"] += result.accepted
+                    stats["stale"] += result.stale
+                elif resp.status == "update" and self.downloading is not None:
+                    self._wait_download()
+                else:
+                    time.sleep(0.1)
+        except KeyboardInterrupt:
+            self.console.log("interrupted: handing leases back")
+        finally:
+            self.stop.set()
+            try:
+                self.client.leave(self.worker_id)
+            except Exception:  # the learner may already be gone; its lease timeout covers us
+                pass
+            self.node.close()
+            self.events.close()
+            self.client.close()
+        return stats
+
+
+def install_sigterm_as_interrupt() -> None:
+    """SIGTERM (what a supervisor or the demo sends) takes the same clean path as Ctrl-C."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set up .venv (idempotent), then run every test, quick and integration.
+#   bash scripts/test.sh                 # everything (~6 min on 2 cores after setup)
+#   bash scripts/test.sh -m "not integration"   # quick unit tests only (~1 min)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh"
+cd "$ROOT"
+exec .venv/bin/python -m pytest tests "$@"

@@ -1,0 +1,129 @@
+from conftest import batch_for, make_coord
+
+from echo2cli.protocol import Sample
+
+
+def join_and_lease(coord, n=2, version=0):
+    wid = coord.join("w", 0.0)
+    resp = coord.lease(wid, version, n)
+    assert resp.status == "ok"
+    return wid, resp.lease
+
+
+def test_rewards_are_computed_by_the_learner_not_taken_from_the_worker(clock):
+    coord = make_coord(clock)
+    wid, lease = join_and_lease(coord)
+    coord.submit(batch_for(coord, wid, lease, right=False))
+    groups = coord.take_batch()
+    assert groups is not None and all(r == 0.0 for g in groups for r in g.rewards)
+
+
+def test_each_prompt_is_trained_at_most_once(clock):
+    coord = make_coord(clock)
+    wid, lease = join_and_lease(coord)
+    batch = batch_for(coord, wid, lease)
+    assert coord.submit(batch).accepted == 4
+    again = coord.submit(batch)
+    assert again.accepted == 0 and again.duplicate == 4
+
+
+def test_expired_lease_is_leased_again_and_a_late_copy_is_a_duplicate(clock):
+    coord = make_coord(clock, lease_timeout_s=10)
+    wid, lease = join_and_lease(coord)
+    clock(11)
+    other = coord.join("other", 0.0)
+    second = coord.lease(other, 0, 2).lease
+    assert sorted(p.prompt_id for p in second.prompts) == sorted(p.prompt_id for p in lease.prompts)
+    assert coord.submit(batch_for(coord, wid, lease)).accepted == 4  # the slow worker finished first
+    assert coord.submit(batch_for(coord, other, second)).duplicate == 4
+
+
+def test_worker_that_leaves_returns_its_prompts(clock):
+    coord = make_coord(clock)
+    wid, lease = join_and_lease(coord)
+    assert coord.leave(wid) == 2
+    other = coord.join("other", 0.0)
+    assert {p.prompt_id for p in coord.lease(other, 0, 2).lease.prompts} == {p.prompt_id for p in lease.prompts}
+
+
+def test_rollouts_older_than_S_are_dropped_counted_and_their_prompts_requeued(clock):
+    coord = make_coord(clock, S=1, B=2)
+    wid, lease = join_and_lease(coord, n=2, version=0)
+    coord.advance(2)  # the learner moved on: version 0 rollouts are 2 > S behind
+    result = coord.submit(batch_for(coord, wid, lease))
+    assert result.stale == 4 and result.accepted == 0
+    assert coord.counters["stale_samples"] == 4
+    resp = coord.lease(wid, 2, 2)
+    assert {p.prompt_id for p in resp.lease.prompts} == {p.prompt_id for p in lease.prompts}
+
+
+def test_buffered_group_that_becomes_stale_is_not_trained(clock):
+    coord = make_coord(clock, S=1, B=4)
+    wid, lease = join_and_lease(coord, n=2, version=0)
+    coord.submit(batch_for(coord, wid, lease))
+    coord.advance(2)
+    assert coord.take_batch() is None
+    assert coord.counters["stale_samples"] == 4 and not coord.ready
+
+
+def test_admissible_batch_respects_staleness_bound(clock):
+    coord = make_coord(clock, S=1, B=2)
+    wid, lease = join_and_lease(coord, n=2, version=0)
+    coord.advance(1)
+    coord.submit(batch_for(coord, wid, lease))
+    groups = coord.take_batch()
+    assert groups is not None and all(1 - g.version <= 1 for g in groups)
+
+
+def test_worker_too_far_behind_is_told_to_update(clock):
+    coord = make_coord(clock, S=1)
+    wid = coord.join("w", 0.0)
+    coord.advance(2)
+    assert coord.lease(wid, 0, 2).status == "update"
+
+
+def test_leases_are_capped_at_B_times_S_plus_one_in_flight(clock):
+    coord = make_coord(clock, S=0, B=2)
+    wid = coord.join("w", 0.0)
+    assert len(coord.lease(wid, 0, 8).lease.prompts) == 2
+    assert coord.lease(wid, 0, 8).status == "wait"
+
+
+def test_malformed_samples_are_rejected_and_the_prompt_requeued(clock):
+    coord = make_coord(clock)
+    wid, lease = join_and_lease(coord, n=1)
+    pid = lease.prompts[0].prompt_id
+    bad = [
+        Sample(prompt_id=pid, sample_idx=0, completion_token_ids=[1, 2], logprobs=[-0.1]),  # length mismatch
+        Sample(prompt_id=pid, sample_idx=1, completion_token_ids=[1], logprobs=[0.5]),  # positive log-prob
+    ]
+    from echo2cli.protocol import RolloutBatch
+
+    result = coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=0, samples=bad))
+    assert result.invalid == 2 and result.accepted == 0
+    assert coord.lease(wid, 0, 1).lease.prompts[0].prompt_id == pid
+
+
+def test_nan_logprobs_and_out_of_vocab_tokens_are_invalid(clock):
+    coord = make_coord(clock)
+    for sample in (
+        Sample(prompt_id=0, sample_idx=0, completion_token_ids=[1], logprobs=[float("nan")]),
+        Sample(prompt_id=0, sample_idx=0, completion_token_ids=[5000], logprobs=[-1.0]),
+    ):
+        other = sample.model_copy(update={"sample_idx": 1})
+        assert coord._invalid_reason([sample, other])
+
+
+def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
+    from echo2cli.protocol import Heartbeat, PolicyInfo
+
+    coord = make_coord(clock)
+    a, b = coord.join("a", 0.0), coord.join("b", 0.0)
+    t_pub = clock()
+    coord.publish(PolicyInfo(version=1, info_hash="x", torrent_b64="", sha256="", size_bytes=1, published_at=t_pub))
+    clock(1)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1))
+    assert coord.update_bcast() == []
+    clock(2)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1))
+    assert coord.update_bcast() == [1] and coord.bcast_s[1] == 3.0

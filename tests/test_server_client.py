@@ -1,0 +1,96 @@
+"""The HTTP API through FastAPI's TestClient and the worker client through httpx.MockTransport."""
+
+import httpx
+import pytest
+from conftest import make_coord
+from fastapi.testclient import TestClient
+
+from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
+from echo2cli.learner.server import build_app
+from echo2cli.protocol import JoinRequest, LeaseRequest, PolicyInfo
+from echo2cli.worker.client import LearnerClient
+
+JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
+                 heartbeat_s=2.0, model_files=["config.json"])
+
+
+@pytest.fixture
+def app(clock, tmp_path):
+    coord = make_coord(clock)
+    coord.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    (tmp_path / "config.json").write_text("{}")
+    return build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
+                     token="s3cret", status_extra=dict, target_steps=3)
+
+
+def test_wrong_token_is_401_and_the_client_says_what_to_do(app):
+    http = TestClient(app)
+    assert http.post("/v1/join", json={"name": "w"}).status_code == 401
+    assert http.post("/v1/join", json={"name": "w"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_join_lease_round_trip_through_the_client(app):
+    http = TestClient(app)
+    transport = httpx.MockTransport(lambda req: _forward(http, req))
+    client = LearnerClient("http://learner", "s3cret", transport=transport)
+    info = client.join(JoinRequest(name="w"))
+    assert info.policy.version == 0 and info.group_size == 2
+    resp = client.lease(LeaseRequest(worker_id=info.worker_id, version=0, max_prompts=2))
+    assert resp.status == "ok" and len(resp.lease.prompts) == 2
+    assert client.model_file("config.json") == b"{}"
+
+
+def test_unknown_worker_gets_a_protocol_error_not_a_retry(app):
+    http = TestClient(app)
+    client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda r: _forward(http, r)))
+    with pytest.raises(ProtocolError, match="join again"):
+        client.lease(LeaseRequest(worker_id="ghost", version=0))
+
+
+def test_client_maps_401_to_auth_error():
+    client = LearnerClient("http://l", "x", transport=httpx.MockTransport(lambda r: httpx.Response(401)))
+    with pytest.raises(AuthError, match="--token"):
+        client.join(JoinRequest(name="w"))
+
+
+def test_client_retries_5xx_then_gives_up_with_one_line():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(503)
+
+    client = LearnerClient("http://l", transport=httpx.MockTransport(handler), unreachable_s=0.6)
+    with pytest.raises(LearnerUnreachable, match="unreachable"):
+        client.join(JoinRequest(name="w"))
+    assert len(calls) >= 2
+
+
+def test_client_does_not_retry_4xx():
+    calls = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(422, json={"detail": "bad"})
+
+    client = LearnerClient("http://l", transport=httpx.MockTransport(handler))
+    with pytest.raises(ProtocolError, match="bad"):
+        client.join(JoinRequest(name="w"))
+    assert len(calls) == 1
+
+
+def test_malformed_rollout_body_is_422(app):
+    http = TestClient(app)
+    r = http.post("/v1/rollouts", json={"worker_id": "x"}, headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 422
+
+
+def test_tracker_route_answers_bencoded(app):
+    r = TestClient(app).get("/announce?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01"
+                            "&peer_id=aaaaaaaaaaaaaaaaaaaa&port=1234")
+    assert r.status_code == 200 and r.content.startswith(b"d") and b"peers" in r.content
+
+
+def _forward(http: TestClient, request: httpx.Request) -> httpx.Response:
+    r = http.request(request.method, request.url.path, content=request.content, headers=dict(request.headers))
+    return httpx.Response(r.status_code, content=r.content, headers=r.headers)

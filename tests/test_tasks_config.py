@@ -1,0 +1,65 @@
+import itertools
+
+import pytest
+
+from echo2cli.config import LearnerConfig, WorkerConfig, load_config
+from echo2cli.errors import ConfigError
+from echo2cli.tasks import load_task
+from echo2cli.tasks.arithmetic import ArithmeticTask, last_int
+
+
+def test_reward_reads_the_last_integer_of_the_completion():
+    task = ArithmeticTask()
+    problem = next(task.prompts(0))
+    assert task.reward(problem, f"The answer is {problem.answer}") == 1.0
+    assert task.reward(problem, f"{problem.answer}, no wait, {int(problem.answer) + 1}") == 0.0
+    assert task.reward(problem, "no idea") == 0.0
+    assert last_int("3 - 5 = -2") == -2
+
+
+def test_prompts_are_reproducible_from_the_seed():
+    a = [p.prompt for p in itertools.islice(ArithmeticTask().prompts(7), 20)]
+    b = [p.prompt for p in itertools.islice(ArithmeticTask().prompts(7), 20)]
+    assert a == b
+
+
+def test_eval_split_is_disjoint_from_training():
+    task = ArithmeticTask()
+    train = {p.prompt for p in itertools.islice(task.prompts(0, "train"), 2000)}
+    held_out = {p.prompt for p in itertools.islice(task.prompts(0, "eval"), 200)}
+    assert held_out and not train & held_out
+
+
+def test_unknown_task_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown task"):
+        load_task("chess")
+
+
+def test_user_task_loads_from_module_path():
+    assert load_task("echo2cli.tasks.arithmetic:ArithmeticTask").name == "arithmetic"
+
+
+def test_flags_override_env_override_toml(tmp_path, monkeypatch):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[learner]\nsteps = 3\nlr = 0.5\nstaleness = 4\n")
+    monkeypatch.setenv("ECHO2_LR", "0.25")
+    cfg = load_config(LearnerConfig, toml, {"staleness": 3, "steps": None}, "learner")
+    assert (cfg.steps, cfg.lr, cfg.staleness) == (3, 0.25, 3)
+
+
+def test_typo_in_config_is_an_error_naming_the_key(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[learner]\nstpes = 3\n")
+    with pytest.raises(ConfigError, match="stpes"):
+        load_config(LearnerConfig, toml, {}, "learner")
+
+
+def test_kappa_must_leave_room_in_the_staleness_window():
+    with pytest.raises(ConfigError, match="kappa=2"):
+        load_config(LearnerConfig, None, {"kappa": 2, "staleness": 2}, "learner")
+    assert load_config(LearnerConfig, None, {"kappa": 2, "staleness": 3}, "learner").kappa == 2
+
+
+def test_worker_needs_a_learner_url():
+    with pytest.raises(ConfigError, match="join"):
+        load_config(WorkerConfig, None, {}, "worker")
