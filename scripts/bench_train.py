@@ -1,0 +1,76 @@
+"""T_train of one GRPO step on the default model, against the same step with the full-vocabulary
+projection on every position (the baseline the completion-only projection replaces).
+
+    .venv/bin/python scripts/bench_train.py [--prompts 4] [--group-size 8] [--completion-tokens 12] [--repeats 3]
+
+Prints the median seconds of each and their ratio. Batches are synthetic token ids with the shape of the
+default demo's (a 44-token chat-templated prompt, `--completion-tokens` sampled tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from echo2cli.learner.coordinator import Group
+from echo2cli.learner.trainer import Trainer
+from echo2cli.models import prepare_default_model
+from echo2cli.protocol import Sample
+
+
+def full_projection_logp(self, model, ids, attn, mask):
+    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    return -F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * mask
+
+
+def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Group]:
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for p in range(prompts):
+        prompt = torch.randint(100, 40000, (44,), generator=gen).tolist()
+        samples = [
+            Sample(prompt_id=p, sample_idx=i, completion_token_ids=torch.randint(100, 40000, (completion,),
+                   generator=gen).tolist(), logprobs=[-1.0] * completion)
+            for i in range(g)
+        ]
+        rewards = [float(i % 2) for i in range(g)]
+        groups.append(Group(p, 0, prompt, samples, rewards, "bench"))
+    return groups
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--completion-tokens", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    trainer = Trainer(prepare_default_model(), lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0,
+                      max_grad_norm=1.0, micro_batch=16)
+    groups = make_groups(args.prompts, args.group_size, args.completion_tokens)
+    trainer.step(groups)  # warm-up
+    times: dict[str, list[float]] = {"completion-only projection": [], "full projection (baseline)": []}
+    original = Trainer._token_logp
+    for _ in range(args.repeats):
+        for name, fn in (("completion-only projection", original), ("full projection (baseline)", full_projection_logp)):
+            Trainer._token_logp = fn
+            t0 = time.perf_counter()
+            trainer.step(groups)
+            times[name].append(time.perf_counter() - t0)
+    Trainer._token_logp = original
+    med = {k: statistics.median(v) for k, v in times.items()}
+    n = args.prompts * args.group_size
+    print(f"batch: {n} sequences x (44 prompt + {args.completion_tokens} completion) tokens, "
+          f"torch threads {torch.get_num_threads()}, autocast bf16 {trainer.autocast}")
+    for k, v in med.items():
+        print(f"  {k:30s} T_train median {v:6.2f} s  ({times[k]})")
+    print(f"  speed-up vs baseline: {med['full projection (baseline)'] / med['completion-only projection']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
