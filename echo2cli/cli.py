@@ -121,13 +121,29 @@ def demo(
     workers: int | None = typer.Option(None, help="local workers (default 2)"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default runs/demo)"),
     staleness: int | None = typer.Option(None, "--staleness", "-S"),
+    lr: float | None = typer.Option(None, help="learning rate (default 2e-5)"),
 ) -> None:
     """Learner + K local workers on the default model and arithmetic task, with a live view and summary."""
-    cfg = load_config(DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness),
+    cfg = load_config(DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness, lr=lr),
                       "demo")
     from echo2cli.demo import run_demo
 
     run_demo(cfg, Console())
+
+
+@app.command("eval")
+def eval_(
+    model: str = typer.Option("default", help="'default', a checkpoint (runs/demo/checkpoints/step_N) or HF dir"),
+    task: str = typer.Option("arithmetic", help="task adapter"),
+    prompts: int = typer.Option(200, help="held-out prompts"),
+    samples: int = typer.Option(8, help="samples per prompt for the sampled reward"),
+    max_new_tokens: int = typer.Option(16),
+    seed: int = typer.Option(0),
+) -> None:
+    """Greedy accuracy and sampled reward (temperature 1) on the task's held-out split, with vLLM."""
+    from echo2cli.evaluate import evaluate
+
+    print(json.dumps(evaluate(model, task, prompts, samples, max_new_tokens, seed)))
 
 
 @model_app.command("prepare")

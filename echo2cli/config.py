@@ -85,6 +85,7 @@ class DemoConfig(_Config):
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(8, ge=2)
     staleness: int = Field(2, ge=0)
+    lr: float = Field(2e-5, gt=0.0)
     port: int = Field(0, ge=0, le=65535)
 
 

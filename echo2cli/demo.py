@@ -136,7 +136,8 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     learner = _spawn(
         ["learner", "--out", str(out), "--steps", str(cfg.steps), "--port", str(port), "--host", "127.0.0.1",
          "--bt-listen", "127.0.0.1:0", "--prompts-per-step", str(cfg.prompts_per_step),
-         "--group-size", str(cfg.group_size), "--staleness", str(cfg.staleness), "--quiet"],
+         "--group-size", str(cfg.group_size), "--staleness", str(cfg.staleness), "--lr", str(cfg.lr),
+         "--quiet"],
         out / "logs" / "learner.log",
     )
     procs = [learner]

@@ -57,7 +57,8 @@ def main() -> None:
     times: dict[str, list[float]] = {"completion-only projection": [], "full projection (baseline)": []}
     original = Trainer._token_logp
     for _ in range(args.repeats):
-        for name, fn in (("completion-only projection", original), ("full projection (baseline)", full_projection_logp)):
+        variants = (("completion-only projection", original), ("full projection (baseline)", full_projection_logp))
+        for name, fn in variants:
             Trainer._token_logp = fn
             t0 = time.perf_counter()
             trainer.step(groups)

@@ -1,13 +1,14 @@
 """The vLLM engine a worker generates with, and its in-place weight hot swap.
 
 `reload` calls vLLM's `reload_weights` through `collective_rpc` on a directory holding only
-`model.safetensors`: the engine keeps its KV cache, compiled graphs and process, so a swap costs
-~0.3 s for the 135M default on CPU instead of an ~18 s engine restart.
+`model.safetensors`: the engine keeps its KV cache and process, so a swap costs 0.7-1.6 s for the
+135M default on a 2-core CPU instead of a ~40 s engine restart.
 
 Weights travel in bf16; the engine computes in bf16 where the hardware has it (CUDA, or a CPU with
-AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the log-prob of every sampled token
-(`SamplingParams(logprobs=0)`); vLLM computes them from the raw logits, so they equal the sampling
-distribution at temperature 1 (the default), which is what the learner's importance weights assume.
+AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the
+log-prob of every sampled token (`SamplingParams(logprobs=0)`); vLLM computes them from the raw
+logits, so they equal the sampling distribution at temperature 1 (the default), which is what the
+learner's importance weights assume.
 On CPU the KV cache is sized in bytes (`kv_cache_memory_bytes`) because the GPU-style memory fraction
 fails there. vLLM is imported lazily: nothing else in echo2 needs it.
 """
