@@ -127,3 +127,12 @@ def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
     clock(2)
     coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1))
     assert coord.update_bcast() == [1] and coord.bcast_s[1] == 3.0
+
+
+def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
+    coord = make_coord(clock, S=2, B=2)
+    fresh, behind = coord.join("fresh", 0.0), coord.join("behind", 0.0)
+    coord.advance(1)
+    assert len(coord.lease(behind, 0, 8).lease.prompts) == 2 * 2  # lag 1: B * S
+    assert coord.lease(behind, 0, 8).status == "wait"
+    assert len(coord.lease(fresh, 1, 8).lease.prompts) == 2  # lag 0: up to B * (S + 1) in flight

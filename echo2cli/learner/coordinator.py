@@ -12,8 +12,10 @@ Semantics (DESIGN.md):
   later copy (a late worker whose lease had expired) is counted as a duplicate and dropped.
 - Rewards are computed here from the returned tokens, decoded by the learner's tokenizer. Behaviour
   log-probs are checked (finite, <= 0, one per token) and used only for importance weights.
-- Leases are capped so that at most B * (S + 1) prompts are in flight or waiting: with S = 0 the fleet
-  generates exactly one batch per version (synchronous GRPO); larger S lets generation run ahead.
+- Leases are capped so that a new group is still admissible when its turn comes: a worker whose version
+  lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight or
+  waiting. With S = 0 the fleet generates exactly one batch per version (synchronous GRPO); larger S lets
+  fresh workers run ahead while stale ones do not produce groups that would be dropped.
 """
 
 from __future__ import annotations
@@ -183,7 +185,10 @@ class Coordinator:
                     latest_version=self.version,
                     detail=f"version {version} is more than S={self.S} behind {self.version}",
                 )
-            room = self.B * (self.S + 1) - self._in_flight()
+            # A group queued behind q others is trained about q // B steps from now, so one made with
+            # `version` stays admissible only while q < B * (S - lag + 1): lease no more than that.
+            lag = self.version - version
+            room = self.B * (self.S - lag + 1) - self._in_flight()
             n = min(max_prompts, room)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
