@@ -158,7 +158,7 @@ def main() -> None:
     try:
         app()
     except Echo2Error as exc:
-        console.print(f"[red]echo2: error:[/] {exc}", highlight=False)
+        console.print(f"[red]echo2: error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("echo2: interrupted")

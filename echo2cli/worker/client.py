@@ -54,8 +54,11 @@ class LearnerClient:
             transport=transport,
         )
 
-    def _request(self, method: str, path: str, body: BaseModel | None = None) -> httpx.Response:
-        deadline = time.monotonic() + self.unreachable_s
+    def _request(
+        self, method: str, path: str, body: BaseModel | None = None, patience_s: float | None = None
+    ) -> httpx.Response:
+        patience_s = self.unreachable_s if patience_s is None else patience_s
+        deadline = time.monotonic() + patience_s
         delay = 0.25
         while True:
             try:
@@ -68,7 +71,7 @@ class LearnerClient:
                 problem = type(exc).__name__
             if time.monotonic() + delay > deadline:
                 raise LearnerUnreachable(
-                    f"learner at {self.url} unreachable for {self.unreachable_s:.0f} s ({problem}): "
+                    f"learner at {self.url} unreachable for {patience_s:.0f} s ({problem}): "
                     "check the URL and that `echo2 learner` is running"
                 )
             time.sleep(delay)
@@ -109,7 +112,8 @@ class LearnerClient:
         return self._call("GET", "/status", None, Status)
 
     def leave(self, worker_id: str) -> None:
-        self._request("POST", f"{API}/leave", LeaveRequest(worker_id=worker_id))
+        """Best effort and quick: on shutdown a gone learner must not hold us for unreachable_s."""
+        self._request("POST", f"{API}/leave", LeaveRequest(worker_id=worker_id), patience_s=2.0)
 
     def model_file(self, name: str) -> bytes:
         return self._request("GET", f"{API}/model/files/{name}").content
