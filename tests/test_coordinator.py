@@ -136,3 +136,13 @@ def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
     assert len(coord.lease(behind, 0, 8).lease.prompts) == 2 * 2  # lag 1: B * S
     assert coord.lease(behind, 0, 8).status == "wait"
     assert len(coord.lease(fresh, 1, 8).lease.prompts) == 2  # lag 0: up to B * (S + 1) in flight
+
+
+def test_the_batch_being_trained_counts_against_the_lease_cap(clock):
+    coord = make_coord(clock, S=1, B=2)
+    wid, lease = join_and_lease(coord, n=2, version=0)
+    coord.submit(batch_for(coord, wid, lease))
+    assert coord.take_batch() is not None
+    # while step 0 trains, only B more prompts fit: they will be trained at step 1 with staleness 1 <= S
+    assert len(coord.lease(wid, 0, 8).lease.prompts) == 2
+    assert coord.lease(wid, 0, 8).status == "wait"

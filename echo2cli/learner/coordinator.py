@@ -13,8 +13,8 @@ Semantics (DESIGN.md):
 - Rewards are computed here from the returned tokens, decoded by the learner's tokenizer. Behaviour
   log-probs are checked (finite, <= 0, one per token) and used only for importance weights.
 - Leases are capped so that a new group is still admissible when its turn comes: a worker whose version
-  lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight or
-  waiting. With S = 0 the fleet generates exactly one batch per version (synchronous GRPO); larger S lets
+  lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight,
+  waiting or in the step being trained. With S = 0 the fleet generates exactly one batch per version (synchronous GRPO); larger S lets
   fresh workers run ahead while stale ones do not produce groups that would be dropped.
 """
 
@@ -112,6 +112,7 @@ class Coordinator:
         self.leases: dict[str, _Lease] = {}
         self.done: set[int] = set()
         self.ready: deque[Group] = deque()
+        self.training = 0  # groups of the step in progress: taken from `ready`, version not yet advanced
         self.workers: dict[str, _Worker] = {}
         self.policies: dict[int, PolicyInfo] = {}
         self.bcast_s: dict[int, float] = {}
@@ -171,7 +172,7 @@ class Coordinator:
         return prompt_id
 
     def _in_flight(self) -> int:
-        return sum(len(ls.outstanding) for ls in self.leases.values()) + len(self.ready)
+        return sum(len(ls.outstanding) for ls in self.leases.values()) + len(self.ready) + self.training
 
     def lease(self, worker_id: str, version: int, max_prompts: int) -> LeaseResponse:
         with self.lock:
@@ -292,11 +293,13 @@ class Coordinator:
                 self.counters["stale_samples"] += len(group.samples)
             if len(self.ready) < self.B:
                 return None
+            self.training = self.B
             return [self.ready.popleft() for _ in range(self.B)]
 
     def advance(self, version: int) -> None:
         with self.lock:
             self.version = version
+            self.training = 0
 
     def publish(self, policy: PolicyInfo) -> None:
         with self.lock:
