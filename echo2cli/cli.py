@@ -121,7 +121,7 @@ def demo(
     workers: int | None = typer.Option(None, help="local workers (default 2)"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default runs/demo)"),
     staleness: int | None = typer.Option(None, "--staleness", "-S"),
-    lr: float | None = typer.Option(None, help="learning rate (default 2e-5)"),
+    lr: float | None = typer.Option(None, help="learning rate (default 5e-5)"),
 ) -> None:
     """Learner + K local workers on the default model and arithmetic task, with a live view and summary."""
     cfg = load_config(DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness, lr=lr),

@@ -31,7 +31,7 @@ class LearnerConfig(_Config):
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature on the workers")
     staleness: int = Field(2, ge=0, description="S: step t may train on rollouts of version x iff t - x <= S")
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
-    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
     is_cap: float = Field(3.0, gt=1.0, description="C: importance-weight truncation (dual clip)")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
@@ -85,7 +85,7 @@ class DemoConfig(_Config):
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(8, ge=2)
     staleness: int = Field(2, ge=0)
-    lr: float = Field(2e-5, gt=0.0)
+    lr: float = Field(5e-5, gt=0.0)
     port: int = Field(0, ge=0, le=65535)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
+from rich.table import Column, Table
 
 from echo2cli.config import DemoConfig
 from echo2cli.errors import Echo2Error
@@ -113,7 +113,7 @@ def summarize(out: Path, wall_s: float) -> dict[str, Any]:
 
 
 def summary_table(s: dict[str, Any]) -> Table:
-    table = Table("metric", "value", title="echo2 demo summary")
+    table = Table("metric", Column("value", overflow="fold"), title="echo2 demo summary")
     table.add_row("steps", str(s["steps"]))
     table.add_row("wall time", f"{s['wall_s']:.0f} s")
     table.add_row("reward (first steps → last steps)", f"{s['reward_start']:.3f} → {s['reward_end']:.3f}")

@@ -13,7 +13,9 @@ from echo2cli.models import resolve_model
 from echo2cli.tasks import load_task
 
 
-def evaluate(model: str, task_name: str, n_prompts: int, samples: int, max_new_tokens: int, seed: int) -> dict:
+def evaluate(
+    model: str, task_name: str, n_prompts: int, samples: int, max_new_tokens: int, seed: int
+) -> dict:
     from transformers import AutoTokenizer
 
     from echo2cli.worker.engine import Engine
@@ -35,7 +37,7 @@ def evaluate(model: str, task_name: str, n_prompts: int, samples: int, max_new_t
     engine = Engine(model_dir, seed=seed)
 
     def mean_reward(n: int, temperature: float) -> float:
-        groups = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+        groups = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
         rewards = [task.reward(p, tok.decode(c.token_ids, skip_special_tokens=True))
                    for p, group in zip(problems, groups, strict=True) for c in group]
         return sum(rewards) / len(rewards)

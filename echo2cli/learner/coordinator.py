@@ -14,8 +14,9 @@ Semantics (DESIGN.md):
   log-probs are checked (finite, <= 0, one per token) and used only for importance weights.
 - Leases are capped so that a new group is still admissible when its turn comes: a worker whose version
   lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight,
-  waiting or in the step being trained. With S = 0 the fleet generates exactly one batch per version (synchronous GRPO); larger S lets
-  fresh workers run ahead while stale ones do not produce groups that would be dropped.
+  waiting or in the step being trained. With S = 0 the fleet generates exactly one batch per version
+  (synchronous GRPO); larger S lets fresh workers run ahead while stale ones do not produce groups that
+  would be dropped.
 """
 
 from __future__ import annotations

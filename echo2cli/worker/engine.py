@@ -65,16 +65,21 @@ class Engine:
             raise ModelError(f"vLLM could not start on {model_dir}: {exc}") from exc
 
     def generate(
-        self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int, seed: int | None = None
+        self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int
     ) -> list[list[Completion]]:
         """G = n completions per prompt, each with per-token behaviour log-probs."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
-            n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=seed
-        )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        # No per-request seed: vLLM's CPU sampler rejects it ("CPU Generator does not use offset");
+        # the engine-wide seed makes runs reproducible instead.
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0)
+        try:
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+            )
+        except Exception as exc:  # EngineDeadError and friends: the engine process is gone
+            raise ModelError(f"the vLLM engine failed while generating: {exc}") from exc
         groups = []
         for out in outputs:
             group = []
