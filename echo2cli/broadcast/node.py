@@ -134,10 +134,6 @@ class TorrentNode:
         transfer = self.transfers.get(version)
         return int(transfer.handle.status().all_time_download) if transfer else 0
 
-    def num_peers(self, version: int) -> int:
-        transfer = self.transfers.get(version)
-        return int(transfer.handle.status().num_peers) if transfer else 0
-
     def remove(self, version: int, delete_dir: Path | None = None) -> None:
         transfer = self.transfers.pop(version, None)
         if transfer is not None:

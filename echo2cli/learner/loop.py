@@ -94,7 +94,6 @@ class Learner:
         self.model_dir = resolve_model(cfg.model)
         task = load_task(cfg.task)
         tok = AutoTokenizer.from_pretrained(self.model_dir)
-        self.tokenizer = tok
 
         def encode(text: str) -> list[int]:
             msgs = [{"role": "user", "content": text}]
