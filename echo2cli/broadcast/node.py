@@ -29,10 +29,54 @@ class Transfer:
     finished_at: float | None = None
     hash_failures: int = 0
     error: str = ""
+    priorities: list[int] | None = None  # slot gating, see `slot_priorities`; None once everything is open
+    pieces_done: int = 0
+    last_progress: float = field(default_factory=time.time)
+
+    def open_gates(self) -> None:
+        """Let pieces that another worker already holds be fetched (from anyone)."""
+        prios = self.priorities
+        if prios is None or self.finished_at is not None:
+            return
+        status = self.handle.status()
+        now = time.time()
+        if status.num_pieces != self.pieces_done:
+            self.pieces_done, self.last_progress = status.num_pieces, now
+        have = status.pieces
+        idle = all(have[i] for i, p in enumerate(prios) if p > 0) or now - self.last_progress > GATE_STALL_S
+        changed = False
+        for i, count in enumerate(self.handle.piece_availability()):
+            if prios[i] == 0 and (idle or count >= 2):
+                prios[i], changed = 4, True
+        if changed:
+            self.handle.prioritize_pieces(prios)
+        if 0 not in prios:
+            self.priorities = None
+
+
+GATE_STALL_S = 3.0
+
+
+def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
+    """Initial piece priorities for the k-th of n fetchers: its own contiguous 1/n of the pieces only.
+
+    While a version is new, only the learner has it. Each worker first asks for its own share, so the
+    learner's uplink carries each piece about once. Any other piece stays at priority 0 (not wanted)
+    until `Transfer.open_gates` sees a second holder besides the learner (availability ≥ 2): otherwise
+    rarest-first would ask the learner for exactly the pieces no worker has yet, and the learner would
+    send them twice. The workers trade shares among themselves as pieces are verified (pipelined).
+    Once its share is complete, or nothing arrived for GATE_STALL_S (a share's owner left), a worker
+    opens every piece, so no gate can stall a download.
+    """
+    if not 0 <= k < n:
+        raise ValueError(f"slot {k} of {n}")
+    return [7 if i * n // num_pieces == k else 0 for i in range(num_pieces)]
 
 
 class TorrentNode:
-    def __init__(self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0) -> None:
+    def __init__(
+        self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0, download_limit_bytes_s: int = 0
+    ) -> None:
         import libtorrent as lt
 
         self._lt = lt
@@ -52,12 +96,14 @@ class TorrentNode:
             "tick_interval": 100,
             "rate_limit_ip_overhead": False,
             "strict_end_game_mode": False,
+            "close_redundant_connections": False,  # slot gates make interest come and go: stay connected
             "stop_tracker_timeout": 1,
             "upload_rate_limit": upload_limit_bytes_s,
+            "download_rate_limit": download_limit_bytes_s,
             "user_agent": "echo2",
         }
         self.session = lt.session(settings)
-        if upload_limit_bytes_s:
+        if upload_limit_bytes_s or download_limit_bytes_s:
             # Rate limits skip local peers unless every IP is put in the global peer class.
             flt = lt.ip_filter()
             flt.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
@@ -69,7 +115,9 @@ class TorrentNode:
     def listen_port(self) -> int:
         return int(self.session.listen_port())
 
-    def _add(self, version: int, torrent: bytes, save_path: Path, seed: bool) -> Transfer:
+    def _add(
+        self, version: int, torrent: bytes, save_path: Path, seed: bool, slot: tuple[int, int] | None = None
+    ) -> Transfer:
         lt = self._lt
         params = lt.add_torrent_params()
         params.ti = lt.torrent_info(torrent)
@@ -80,6 +128,9 @@ class TorrentNode:
             params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
         save_path.mkdir(parents=True, exist_ok=True)
         transfer = Transfer(version, self.session.add_torrent(params), save_path)
+        if slot is not None and slot[1] > 1 and not seed:
+            transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
+            transfer.handle.prioritize_pieces(transfer.priorities)
         if seed:
             transfer.finished_at = transfer.started
         self.transfers[version] = transfer
@@ -88,28 +139,34 @@ class TorrentNode:
     def seed(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
         return self._add(version, torrent, save_path, seed=True)
 
-    def fetch(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
+    def fetch(
+        self, version: int, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None
+    ) -> Transfer:
+        """Start downloading; `slot=(k, n)` asks for the k-th of n equal piece ranges first (see below)."""
         if version in self.transfers:
             return self.transfers[version]
-        return self._add(version, torrent, save_path, seed=False)
+        return self._add(version, torrent, save_path, seed=False, slot=slot)
 
     def poll(self) -> None:
-        """Drain alerts: mark finished downloads, count hash failures, record errors."""
+        """Drain alerts (hash failures, errors), mark complete downloads, open slot gates.
+
+        Complete means every piece verified (`is_seeding`), not libtorrent's "finished", which only
+        means every *wanted* piece and fires early while slot gates hold pieces back.
+        """
         lt = self._lt
         by_handle = {t.handle: t for t in self.transfers.values()}
         for alert in self.session.pop_alerts():
             transfer = by_handle.get(getattr(alert, "handle", None))
             if transfer is None:
                 continue
-            if isinstance(alert, lt.torrent_finished_alert) and transfer.finished_at is None:
-                transfer.finished_at = time.time()
-            elif isinstance(alert, lt.hash_failed_alert):
+            if isinstance(alert, lt.hash_failed_alert):
                 transfer.hash_failures += 1
             elif isinstance(alert, (lt.torrent_error_alert, lt.file_error_alert)):
                 transfer.error = alert.message()
         for transfer in self.transfers.values():
             if transfer.finished_at is None and transfer.handle.status().is_seeding:
                 transfer.finished_at = time.time()
+            transfer.open_gates()
 
     def progress(self, version: int) -> float:
         transfer = self.transfers.get(version)
