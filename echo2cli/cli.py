@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from echo2cli.config import DemoConfig, LearnerConfig, WorkerConfig, load_config
-from echo2cli.errors import Echo2Error
+from echo2cli.errors import ConfigError, Echo2Error
 
 app = typer.Typer(
     help="echo2: distributed GRPO post-training. A learner trains; workers anywhere generate rollouts with "
@@ -26,6 +26,9 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Manage model directories.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline measured in the same run.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", help="TOML file; its \\[learner], \\[worker] or \\[demo] table is read")
@@ -152,6 +155,57 @@ def model_prepare(force: bool = typer.Option(False, help="rebuild even if cached
     from echo2cli.models import prepare_default_model
 
     print(prepare_default_model(force=force))
+
+
+@bench_app.command("broadcast")
+def bench_broadcast(
+    workers: str = typer.Option("1,2,4,8", help="worker counts N to try, comma-separated"),
+    uplink_mbps: float = typer.Option(100.0, help="learner uplink cap U, Mbit/s"),
+    worker_up_mbps: float | None = typer.Option(None, help="each worker's uplink cap (default: U)"),
+    worker_down_mbps: float | None = typer.Option(None, help="each worker's downlink cap (default: U)"),
+    size_mb: float | None = typer.Option(None, help="synthetic payload of this many MB (default: the default "
+                                         "model in bf16, 269 MB)"),
+    method: str = typer.Option("star,swarm", help="methods to run: star, swarm or both"),
+    mode: str = typer.Option("auto", help="netns (namespaces + tc tbf, needs root) | loopback "
+                             "(libtorrent/HTTP rate limits) | auto"),
+    plot: Path | None = typer.Option(None, help="write a PNG of T_bcast vs N"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
+) -> None:
+    """Distribute one policy version to N workers by star (HTTP from the learner) and by swarm (echo2's torrent
+    path) over capped links; print T_bcast, the lower bound T*, their ratio and learner upload ÷ size."""
+    from rich.table import Table
+
+    from echo2cli.broadcast.bench import plot as plot_rows
+    from echo2cli.broadcast.bench import rows_json, run_bench
+
+    try:
+        counts = [int(x) for x in workers.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--workers takes comma-separated counts, e.g. 1,2,4,8 (got {workers!r})") from None
+    methods = tuple(m.strip() for m in method.split(",") if m.strip())
+    if not methods or set(methods) - {"star", "swarm"}:
+        raise ConfigError("--method takes star, swarm or star,swarm")
+
+    def progress(row) -> None:
+        console.print(f"{row.method:5s} N={row.n}: T_bcast {row.t_bcast_s:6.1f} s  T* {row.lower_bound_s:5.1f} s  "
+                      f"ratio {row.ratio:4.2f}  learner upload {row.learner_upload_over_size:4.2f}x  ({row.mode})",
+                      soft_wrap=True)
+
+    rows = run_bench(counts, up_mbps=uplink_mbps, worker_up_mbps=worker_up_mbps, worker_down_mbps=worker_down_mbps,
+                     size_mb=size_mb, methods=methods, mode=mode, on_row=progress)
+    if plot is not None:
+        plot_rows(rows, plot)
+    if as_json:
+        print(rows_json(rows))
+        return
+    table = Table(title=f"one version, {rows[0].size_bytes / 1e6:.0f} MB, learner uplink {uplink_mbps:g} Mbit/s "
+                  f"({rows[0].mode})")
+    for col in ("method", "N", "T_bcast s", "T* s", "T_bcast/T*", "learner upload / M"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.method, str(r.n), f"{r.t_bcast_s:.1f}", f"{r.lower_bound_s:.1f}", f"{r.ratio:.2f}",
+                      f"{r.learner_upload_over_size:.2f}")
+    Console().print(table)
 
 
 def main() -> None:

@@ -1,0 +1,227 @@
+"""`echo2 bench broadcast`: star vs swarm dissemination of one policy version to N workers.
+
+For each N and each method, a fresh origin (the learner's side: libtorrent seed + tracker + HTTP file
+server) and N fetchers run as separate processes, each in its own network namespace behind `tc tbf`
+caps (`netem.Fleet`), or on loopback with application-level caps where namespaces are not permitted.
+All fetchers start on one "go"; T_bcast is the time from "go" until the last fetcher holds the whole,
+verified file (libtorrent checks every piece's SHA-256; the star's HTTP body is complete).
+
+    star:  every worker downloads the whole file from the learner over HTTP
+    swarm: echo2's path: a private torrent seeded by the learner, workers trade pieces, and fetcher k of N
+           asks for its own 1/N of the pieces first (`node.slot_priorities`)
+
+Lower bound (DESIGN.md): T* = max(M/U, M/min d_i, N·M/(U + Σ u_i)) with M bytes, learner uplink U,
+worker downlinks d_i and uplinks u_i. Each row reports T_bcast/T* and learner upload ÷ M.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from echo2cli.broadcast.netem import Fleet, Link, namespaces_available
+from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent
+from echo2cli.errors import BroadcastError, ConfigError
+
+BT_PORT, HTTP_PORT = 6881, 8700
+
+
+@dataclass
+class Row:
+    method: str
+    n: int
+    t_bcast_s: float
+    lower_bound_s: float
+    ratio: float
+    learner_upload_over_size: float
+    size_bytes: int
+    mode: str
+
+
+def lower_bound_s(size: int, n: int, up: float, downs: list[float], ups: list[float]) -> float:
+    """T* in seconds; rates in bytes/s."""
+    return max(size / up, size / min(downs), n * size / (up + sum(ups)))
+
+
+def make_payload(directory: Path, size_mb: float | None) -> Path:
+    """`directory/v000001/model.safetensors`: the default model in bf16, or `size_mb` random MB."""
+    target = directory / "v000001" / WEIGHTS_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if size_mb is not None:
+        if size_mb <= 0:
+            raise ConfigError("--size-mb must be positive")
+        with open(target, "wb") as f:
+            left = int(size_mb * 1e6)
+            while left > 0:
+                f.write(os.urandom(min(left, 16 << 20)))
+                left -= 16 << 20
+        return target
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from echo2cli.models import resolve_model
+
+    state = load_file(str(resolve_model("default") / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(target), metadata={"format": "pt"})
+    return target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    def __init__(self, argv: list[str]) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def send(self, line: str) -> None:
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def read(self, timeout_s: float = 600) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise BroadcastError(f"bench process exited early (code {self.p.wait()}): see its stderr above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.send("quit")
+                self.p.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.kill()
+                self.p.wait()
+
+
+def run_trial(
+    method: str, n: int, payload: Path, work: Path, *, up_mbps: float, worker_up_mbps: float,
+    worker_down_mbps: float, use_netns: bool,
+) -> Row:
+    """One distribution of `payload` to n fresh fetchers; returns its row."""
+    py = [sys.executable, "-m", "echo2cli.broadcast.benchnode"]
+    links = {"learner": Link(up_mbps, max(up_mbps, worker_up_mbps) * 4)}
+    links |= {f"w{i}": Link(worker_up_mbps, worker_down_mbps) for i in range(n)}
+    trial_dir = work / f"{method}-{n}"
+    shutil.rmtree(trial_dir, ignore_errors=True)
+    fleet = Fleet(links) if use_netns else None
+    procs: list[_Proc] = []
+    try:
+        if fleet is not None:
+            fleet.__enter__()
+        prefix = fleet.argv if fleet else (lambda name: [])
+        host = fleet.addr("learner") if fleet else "127.0.0.1"
+        http_port = HTTP_PORT if fleet else _free_port()
+        torrent = make_torrent(payload.parent, f"http://{host}:{http_port}/announce")
+        torrent_path = trial_dir / "version.torrent"
+        trial_dir.mkdir(parents=True)
+        torrent_path.write_bytes(torrent.data)
+        cap = (lambda mbps: ["--up-mbps", str(mbps)]) if not fleet else (lambda mbps: [])
+        origin = _Proc(prefix("learner") + py + [
+            "origin", "--file", str(payload), "--torrent", str(torrent_path), "--bind", host,
+            "--port", str(http_port), "--bt-port", str(BT_PORT if fleet else 0), *cap(up_mbps)])  # fmt: skip
+        procs.append(origin)
+        origin.read()
+        fetchers = []
+        for i in range(n):
+            bind = fleet.addr(f"w{i}") if fleet else "127.0.0.1"
+            argv = prefix(f"w{i}") + py + [
+                "fetch", "--method", method, "--torrent", str(torrent_path), "--out", str(trial_dir / f"w{i}"),
+                "--bind", bind, "--url", f"http://{host}:{http_port}/file", "--slot", f"{i}/{n}"]  # fmt: skip
+            if not fleet:
+                argv += ["--up-mbps", str(worker_up_mbps), "--down-mbps", str(worker_down_mbps)]
+            fetchers.append(_Proc(argv))
+        procs.extend(fetchers)
+        for f in fetchers:
+            f.read()
+        go = time.time()
+        for f in fetchers:
+            f.send("go")
+        done = [f.read() for f in fetchers]
+        time.sleep(1.5)  # libtorrent folds transfer counters into all_time_upload once a second
+        origin.send("stats")
+        stats = origin.read()
+    finally:
+        for p in reversed(procs):
+            p.close()
+        if fleet is not None:
+            fleet.close()
+        shutil.rmtree(trial_dir, ignore_errors=True)
+    size = payload.stat().st_size
+    t_bcast = max(d["t_done"] for d in done) - go
+    bound = lower_bound_s(
+        size, n, up_mbps * 1e6 / 8, [worker_down_mbps * 1e6 / 8] * n, [worker_up_mbps * 1e6 / 8] * n
+    )
+    uploaded = stats["bt_upload"] if method == "swarm" else stats["http_upload"]
+    return Row(method, n, t_bcast, bound, t_bcast / bound, uploaded / size, size, "netns" if fleet else "loopback")
+
+
+def run_bench(
+    workers: list[int], *, up_mbps: float, worker_up_mbps: float | None = None,
+    worker_down_mbps: float | None = None, size_mb: float | None = None, methods: tuple[str, ...] = ("star", "swarm"),
+    mode: str = "auto", work_dir: Path | None = None, on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    if up_mbps <= 0 or not workers or min(workers) < 1:
+        raise ConfigError("--uplink-mbps must be positive and --workers a list of counts ≥ 1, e.g. 1,2,4,8")
+    if mode not in ("auto", "netns", "loopback"):
+        raise ConfigError("--mode is one of auto, netns, loopback")
+    have_ns = namespaces_available()
+    if mode == "netns" and not have_ns:
+        raise ConfigError("--mode netns needs root (ip netns, tc): run as root or use --mode loopback")
+    use_netns = have_ns if mode == "auto" else mode == "netns"
+    worker_up_mbps = worker_up_mbps or up_mbps
+    worker_down_mbps = worker_down_mbps or up_mbps
+    work = Path(tempfile.mkdtemp(prefix="echo2-bench-", dir=work_dir))
+    # Inside a namespace, other processes must read the payload: keep it world-readable.
+    os.chmod(work, 0o755)
+    rows = []
+    try:
+        payload = make_payload(work / "origin", size_mb)
+        for n in workers:
+            for method in methods:
+                row = run_trial(method, n, payload, work, up_mbps=up_mbps, worker_up_mbps=worker_up_mbps,
+                                worker_down_mbps=worker_down_mbps, use_netns=use_netns)
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, style in (("star", "o-"), ("swarm", "s-")):
+        pts = sorted((r.n, r.t_bcast_s) for r in rows if r.method == method)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=method)
+    bound = sorted({(r.n, r.lower_bound_s) for r in rows})
+    ax.plot(*zip(*bound, strict=True), "k--", label="lower bound T*")
+    size_mb = rows[0].size_bytes / 1e6
+    ax.set(xlabel="workers N", ylabel="T_bcast (s)", title=f"one version, {size_mb:.0f} MB ({rows[0].mode})")
+    ax.set_xticks(sorted({r.n for r in rows}))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def rows_json(rows: list[Row]) -> str:
+    return json.dumps([asdict(r) for r in rows], indent=2)

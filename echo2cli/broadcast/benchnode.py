@@ -1,0 +1,170 @@
+"""One process of `echo2 bench broadcast`: the origin (learner side) or a fetcher (worker side).
+
+    python -m echo2cli.broadcast.benchnode origin  --dir D --torrent T --bind IP --port P [--up-mbps U]
+    python -m echo2cli.broadcast.benchnode fetch   --method swarm|star --torrent T --out D --bind IP
+                                                   [--url URL] [--slot k/n] [--up-mbps u] [--down-mbps d]
+
+Each runs inside its own network namespace (or on loopback) and talks to the orchestrator over
+stdin/stdout, one JSON object per line:
+
+    origin:  prints {"ready"} · answers "stats" with {"bt_upload", "http_upload"} · exits on "quit"
+    fetch:   prints {"ready"} · starts on "go" · prints {"done", "t_done", "bytes"} · keeps seeding
+             (swarm) until "quit", then prints {"upload"}
+
+The origin is what the learner runs: a libtorrent seed with the same session settings, the tracker at
+`/announce`, plus `/file` for the star baseline (a plain HTTP download of the whole file). On loopback,
+where links cannot be capped by the kernel, the `--*-mbps` flags cap libtorrent's peer class and a
+token bucket caps HTTP, so both methods see the same limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from echo2cli.broadcast.node import TorrentNode
+from echo2cli.broadcast.tracker import Tracker, parse_announce
+
+CHUNK = 256 * 1024
+
+
+def say(**obj: object) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+class TokenBucket:
+    """Caps a byte rate shared by threads (0 = no cap)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate = bytes_per_s
+        self.lock = threading.Lock()
+        self.next_free = time.monotonic()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_free)
+            self.next_free = start + n / self.rate
+        time.sleep(max(0.0, start - now))
+
+
+def mbps_to_bytes(mbps: float) -> int:
+    return int(mbps * 1e6 / 8)
+
+
+def run_origin(args: argparse.Namespace) -> None:
+    tracker, payload = Tracker(), Path(args.file)
+    bucket = TokenBucket(mbps_to_bytes(args.up_mbps))
+    sent = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            parts = urlsplit(self.path)
+            if parts.path == "/announce":
+                body = tracker.announce(parse_announce(parts.query.encode("latin-1")), self.client_address[0])
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif parts.path == "/file":
+                self.send_response(200)
+                self.send_header("Content-Length", str(payload.stat().st_size))
+                self.end_headers()
+                with open(payload, "rb") as f:
+                    while block := f.read(CHUNK):
+                        bucket.take(len(block))
+                        self.wfile.write(block)
+                        sent[0] += len(block)
+            else:
+                self.send_error(404)
+
+    server = ThreadingHTTPServer((args.bind, args.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    node = TorrentNode(f"{args.bind}:{args.bt_port}", upload_limit_bytes_s=mbps_to_bytes(args.up_mbps))
+    node.seed(0, Path(args.torrent).read_bytes(), payload.parent.parent)
+    say(ready=True, bt_port=node.listen_port)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "stats":
+            say(bt_upload=node.upload_bytes(), http_upload=sent[0])
+        elif cmd == "quit":
+            break
+    server.shutdown()
+    node.close()
+
+
+def run_fetch(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    node = None
+    if args.method == "swarm":
+        node = TorrentNode(
+            f"{args.bind}:0",
+            upload_limit_bytes_s=mbps_to_bytes(args.up_mbps),
+            download_limit_bytes_s=mbps_to_bytes(args.down_mbps),
+        )
+    say(ready=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    if node is not None:
+        k, n = (int(x) for x in args.slot.split("/")) if args.slot else (0, 0)
+        node.fetch(0, Path(args.torrent).read_bytes(), out, slot=(k, n) if n > 1 else None)
+        while True:
+            node.poll()
+            node.check(0)
+            transfer = node.transfers[0]
+            if transfer.finished_at is not None:
+                break
+            time.sleep(0.02)
+        say(done=True, t_done=transfer.finished_at, bytes=node.download_bytes(0), hash_failures=transfer.hash_failures)
+    else:
+        import httpx
+
+        bucket, got = TokenBucket(mbps_to_bytes(args.down_mbps)), 0
+        out.mkdir(parents=True, exist_ok=True)
+        with httpx.stream("GET", args.url, timeout=600) as resp, open(out / "payload", "wb") as f:
+            resp.raise_for_status()
+            for block in resp.iter_bytes(CHUNK):
+                bucket.take(len(block))
+                f.write(block)
+                got += len(block)
+        say(done=True, t_done=time.time(), bytes=got, hash_failures=0)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+    say(upload=node.upload_bytes() if node else 0)
+    if node is not None:
+        node.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="benchnode")
+    p.add_argument("role", choices=["origin", "fetch"])
+    p.add_argument("--file", help="origin: the payload file")
+    p.add_argument("--torrent", required=True)
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="origin: HTTP port (tracker + star)")
+    p.add_argument("--bt-port", type=int, default=0, help="origin: libtorrent port")
+    p.add_argument("--method", choices=["swarm", "star"], default="swarm")
+    p.add_argument("--out")
+    p.add_argument("--url")
+    p.add_argument("--slot", default="")
+    p.add_argument("--up-mbps", type=float, default=0.0, help="application-level cap (loopback only)")
+    p.add_argument("--down-mbps", type=float, default=0.0, help="application-level cap (loopback only)")
+    args = p.parse_args(argv)
+    run_origin(args) if args.role == "origin" else run_fetch(args)
+
+
+if __name__ == "__main__":
+    main()
