@@ -27,6 +27,12 @@ class PolicyInfo(_Msg):
     sha256: str = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
     size_bytes: int = Field(ge=0)
     published_at: float = Field(description="learner wall clock (s since epoch) when seeding began")
+    delta_base: int | None = Field(default=None, description="version the delta applies to (None: no delta)")
+    delta_info_hash: str | None = None
+    delta_torrent_b64: str | None = Field(default=None, description="torrent of model.delta (see broadcast/delta)")
+    delta_size_bytes: int = Field(default=0, ge=0)
+    slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
+    slots: int = Field(default=1, ge=1, description="... out of this many shares (workers fetching now)")
 
 
 class JoinRequest(_Msg):

@@ -146,3 +146,17 @@ def test_the_batch_being_trained_counts_against_the_lease_cap(clock):
     # while step 0 trains, only B more prompts fit: they will be trained at step 1 with staleness 1 <= S
     assert len(coord.lease(wid, 0, 8).lease.prompts) == 2
     assert coord.lease(wid, 0, 8).status == "wait"
+
+
+def test_policy_for_a_worker_carries_its_fetch_slot_among_active_workers(clock):
+    from echo2cli.protocol import PolicyInfo
+
+    coord = make_coord(clock)
+    a, b = coord.join("a", 0.0), coord.join("b", 0.0)
+    coord.publish(PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1,
+                             published_at=0.0))
+    assert (coord.latest_policy(a).slot, coord.latest_policy(a).slots) == (0, 2)
+    assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (1, 2)
+    assert coord.latest_policy().slots == 1  # no worker: no slot
+    coord.leave(a)
+    assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (0, 1)

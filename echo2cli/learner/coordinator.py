@@ -306,9 +306,14 @@ class Coordinator:
         with self.lock:
             self.policies[policy.version] = policy
 
-    def latest_policy(self) -> PolicyInfo:
+    def latest_policy(self, worker_id: str | None = None) -> PolicyInfo:
+        """The newest version; for a worker, with its fetch slot among the active workers (join order)."""
         with self.lock:
-            return self.policies[max(self.policies)]
+            policy = self.policies[max(self.policies)]
+            active = self.active_workers()
+        if worker_id in active:
+            policy = policy.model_copy(update={"slot": active.index(worker_id), "slots": len(active)})
+        return policy
 
     def finish(self) -> None:
         with self.lock:

@@ -136,13 +136,20 @@ class Learner:
         for v in self.coord.update_bcast():
             size = self.publisher.sizes.get(v)
             if size:
-                self.upload_ratio[v] = self.node.upload_bytes(v) / size
+                self.upload_ratio[v] = self.publisher.upload_bytes(v) / size
 
     def _bcast_metrics(self) -> dict[str, Any]:
         if not self.coord.bcast_s:
             return {}
         v = max(self.coord.bcast_s)
         return {"bcast/version": v, "bcast/t_s": self.coord.bcast_s[v], "bcast/upload_ratio": self.upload_ratio.get(v)}
+
+    def _delta_metrics(self, version: int) -> dict[str, Any]:
+        stats = self.publisher.delta_stats.get(version)
+        if not stats:
+            return {}
+        ratio = stats["delta_bytes"] / stats["full_bytes"]
+        return {"bcast/delta_ratio": ratio, "bcast/delta_encode_s": stats["encode_s"]}
 
     def checkpoint(self, step: int) -> Path:
         ckpt_root = self.out / "checkpoints"
@@ -209,6 +216,7 @@ class Learner:
                     "rollout/leases_expired_total": c["leases_expired"],
                     "workers/active": len(self.coord.active_workers()),
                     **self._bcast_metrics(),
+                    **self._delta_metrics(version),
                 })
                 self.metrics.write(record)
                 self.last = record

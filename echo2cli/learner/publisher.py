@@ -1,5 +1,10 @@
 """Publisher: version v → `versions/v<v>/model.safetensors` (bf16) → hybrid torrent → seeded here.
 
+Each version after the first is also published as a delta against the previous one
+(`versions/v<v>.delta/model.delta`, its own torrent; see broadcast/delta.py): a worker that holds
+the previous version fetches a few percent of the bytes and rebuilds the file. The full torrent stays
+for workers without the base (late joiners, laggards).
+
 The learner is each version's first seed. Versions older than S + 1 behind the latest can no longer
 produce admissible rollouts, so they are dropped from the session and from disk.
 """
@@ -10,6 +15,7 @@ import errno
 import time
 from pathlib import Path
 
+from echo2cli.broadcast.delta import DELTA_FILE, delta_dir_name, delta_key, encode_delta
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file
 from echo2cli.errors import DiskFullError
@@ -29,6 +35,8 @@ class Publisher:
         self.trainer, self.node, self.coord = trainer, node, coord
         self.root, self.tracker_url, self.keep = root, tracker_url, keep
         self.sizes: dict[int, int] = {}
+        self.hashes: dict[int, str] = {}
+        self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
 
     def publish(self, version: int) -> PolicyInfo:
         vdir = self.root / version_dir_name(version)
@@ -42,18 +50,44 @@ class Publisher:
         self.node.seed(version, torrent.data, self.root)
         size = (vdir / WEIGHTS_FILE).stat().st_size
         self.sizes[version] = size
+        self.hashes[version] = sha256_file(vdir / WEIGHTS_FILE)
         info = PolicyInfo(
             version=version,
             info_hash=torrent.info_hash,
             torrent_b64=torrent.b64,
-            sha256=sha256_file(vdir / WEIGHTS_FILE),
+            sha256=self.hashes[version],
             size_bytes=size,
             published_at=time.time(),
         )
+        base = max((v for v in self.sizes if v < version), default=None)
+        if base is not None and self.sizes[base] == size:
+            info = info.model_copy(update=self._publish_delta(base, version))
         self.coord.publish(info)
         self._prune(version)
         return info
 
+    def _publish_delta(self, base: int, version: int) -> dict:
+        t0 = time.perf_counter()
+        ddir = self.root / delta_dir_name(version)
+        header = encode_delta(
+            self.root / version_dir_name(base) / WEIGHTS_FILE, self.root / version_dir_name(version) / WEIGHTS_FILE,
+            ddir / DELTA_FILE, base_sha256=self.hashes[base], target_sha256=self.hashes[version],
+        )
+        torrent = make_torrent(ddir, self.tracker_url)
+        self.node.seed(delta_key(version), torrent.data, self.root)
+        self.delta_stats[version] = {
+            "delta_bytes": header["delta_bytes"], "full_bytes": header["full_bytes"],
+            "encode_s": time.perf_counter() - t0,
+        }
+        return {"delta_base": base, "delta_info_hash": torrent.info_hash, "delta_torrent_b64": torrent.b64,
+                "delta_size_bytes": header["delta_bytes"]}
+
+    def upload_bytes(self, version: int) -> int:
+        """Learner bytes sent for a version: its full torrent plus its delta."""
+        return self.node.upload_bytes(version) + self.node.upload_bytes(delta_key(version))
+
     def _prune(self, latest: int) -> None:
-        for version in [v for v in self.node.transfers if v < latest - self.keep]:
+        for version in [v for v in self.sizes if v < latest - self.keep]:
             self.node.remove(version, delete_dir=self.root / version_dir_name(version))
+            self.node.remove(delta_key(version), delete_dir=self.root / delta_dir_name(version))
+            del self.sizes[version], self.hashes[version]

@@ -24,6 +24,7 @@ from echo2cli.protocol import (
     LeaseRequest,
     LeaseResponse,
     LeaveRequest,
+    PolicyInfo,
     RolloutBatch,
     Status,
     SubmitResult,
@@ -58,7 +59,7 @@ def build_app(
     @app.post(f"{API}/join", dependencies=guarded)
     def join(req: JoinRequest) -> JoinResponse:
         worker_id = coord.join(req.name, req.usd_per_hour)
-        return JoinResponse(worker_id=worker_id, run_id=run_id, policy=coord.latest_policy(), **join_info)
+        return JoinResponse(worker_id=worker_id, run_id=run_id, policy=coord.latest_policy(worker_id), **join_info)
 
     @app.get(f"{API}/model/files/{{name}}", dependencies=guarded)
     def model_file(name: str) -> FileResponse:
@@ -88,8 +89,8 @@ def build_app(
         return {"returned_prompts": coord.leave(req.worker_id)}
 
     @app.get(f"{API}/policy", dependencies=guarded)
-    def policy():
-        return coord.latest_policy()
+    def policy(worker_id: str | None = None) -> PolicyInfo:
+        return coord.latest_policy(worker_id)
 
     @app.get(f"{API}/status", dependencies=guarded)
     def status() -> Status:

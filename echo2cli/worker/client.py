@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from typing import TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -105,8 +106,9 @@ class LearnerClient:
     def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         return self._call("POST", "/heartbeat", hb, HeartbeatReply)
 
-    def policy(self) -> PolicyInfo:
-        return self._call("GET", "/policy", None, PolicyInfo)
+    def policy(self, worker_id: str = "") -> PolicyInfo:
+        query = f"?worker_id={quote(worker_id)}" if worker_id else ""
+        return self._call("GET", f"/policy{query}", None, PolicyInfo)
 
     def status(self) -> Status:
         return self._call("GET", "/status", None, Status)

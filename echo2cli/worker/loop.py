@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from echo2cli.broadcast.delta import DELTA_FILE, apply_delta, delta_dir_name, delta_key
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file
 from echo2cli.config import WorkerConfig
@@ -46,6 +47,8 @@ class Worker:
         self.loaded = -1
         self.downloading: PolicyInfo | None = None
         self._verified = -1  # version whose file SHA-256 has been checked
+        self._via = "full"  # how the pending version travels: "full" torrent or "delta" + rebuild
+        self._t_rebuild = 0.0
         self.tokens_per_s = 0.0
         self.stop = threading.Event()
         self.events: MetricsWriter | None = None
@@ -56,12 +59,41 @@ class Worker:
         return self.versions_dir / f"v{version:06d}"
 
     def _start_fetch(self, policy: PolicyInfo) -> None:
+        """Fetch the delta if we hold its base (verified and loaded), else the full version by slot."""
         assert self.node is not None
         torrent = TorrentFile.from_b64(policy.torrent_b64)
         if torrent.info_hash != policy.info_hash:
             raise BroadcastError(f"torrent of version {policy.version} does not match its announced info-hash")
-        self.node.fetch(policy.version, torrent.data, self.versions_dir)
-        self.downloading = policy
+        self.downloading, self._via = policy, "full"
+        if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
+            delta = TorrentFile.from_b64(policy.delta_torrent_b64)
+            if delta.info_hash == policy.delta_info_hash:
+                self.node.fetch(delta_key(policy.version), delta.data, self.versions_dir, slot=self._slot(policy))
+                self._via = "delta"
+                return
+        self.node.fetch(policy.version, torrent.data, self.versions_dir, slot=self._slot(policy))
+
+    @staticmethod
+    def _slot(policy: PolicyInfo) -> tuple[int, int] | None:
+        return (policy.slot, policy.slots) if policy.slot < policy.slots else None
+
+    def _rebuild_from_delta(self, policy: PolicyInfo) -> bool:
+        """Delta downloaded: rebuild the full file, check its SHA-256, then seed the full version too."""
+        assert self.node is not None and policy.delta_base is not None
+        t0 = time.perf_counter()
+        try:
+            apply_delta(self._vdir(policy.delta_base) / WEIGHTS_FILE,
+                        self.versions_dir / delta_dir_name(policy.version) / DELTA_FILE,
+                        self._vdir(policy.version) / WEIGHTS_FILE, expected_sha256=policy.sha256, base_verified=True)
+        except BroadcastError as exc:
+            self.console.log(f"delta for version {policy.version} unusable ({exc}); fetching the full version")
+            self.node.remove(delta_key(policy.version), delete_dir=self.versions_dir / delta_dir_name(policy.version))
+            self._via = "full"
+            self.node.fetch(policy.version, TorrentFile.from_b64(policy.torrent_b64).data, self.versions_dir)
+            return False
+        self._t_rebuild = time.perf_counter() - t0
+        self.node.seed(policy.version, TorrentFile.from_b64(policy.torrent_b64).data, self.versions_dir)
+        return True
 
     def _download_done(self) -> bool:
         """Poll the swarm; True once the pending version is complete and its SHA-256 verified."""
@@ -69,6 +101,13 @@ class Worker:
         self.node.poll()
         policy = self.downloading
         if self._verified == policy.version:
+            return True
+        if self._via == "delta":
+            key = delta_key(policy.version)
+            self.node.check(key)
+            if self.node.transfers[key].finished_at is None or not self._rebuild_from_delta(policy):
+                return False
+            self._verified = policy.version  # apply_delta checked the rebuilt file's SHA-256
             return True
         self.node.check(policy.version)
         if self.node.transfers[policy.version].finished_at is None:
@@ -89,25 +128,30 @@ class Worker:
                 raise KeyboardInterrupt
             time.sleep(0.05)
 
-    def _record_load(self, policy: PolicyInfo, t_reload: float) -> None:
+    def _record_load(self, policy: PolicyInfo, t_reload: float, t_swap: float = 0.0) -> None:
+        """t_swap: from the last piece verified to the engine generating with the new weights."""
         assert self.node is not None and self.events is not None
-        transfer = self.node.transfers[policy.version]
+        key = delta_key(policy.version) if self._via == "delta" else policy.version
+        transfer = self.node.transfers.get(key) or self.node.transfers[policy.version]
         self.events.write({
             "event": "loaded", "worker_id": self.worker_id, "version": policy.version,
-            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True,
-            "downloaded_bytes": self.node.download_bytes(policy.version), "size_bytes": policy.size_bytes,
+            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True, "via": self._via,
+            "downloaded_bytes": self.node.download_bytes(key), "size_bytes": policy.size_bytes,
             "hash_failures": transfer.hash_failures,
             "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
-            "t_reload_s": t_reload, "time": time.time(),
+            "t_rebuild_s": self._t_rebuild if self._via == "delta" else 0.0,
+            "t_reload_s": t_reload, "t_swap_s": t_swap, "time": time.time(),
         })
 
     def _swap_if_ready(self) -> None:
         if self.downloading is None or not self._download_done():
             return
         policy = self.downloading
+        key = delta_key(policy.version) if self._via == "delta" else policy.version
+        verified_at = self.node.transfers[key].finished_at or time.time()
         t_reload = self.engine.reload(self._vdir(policy.version))
         self.loaded, self.downloading = policy.version, None
-        self._record_load(policy, t_reload)
+        self._record_load(policy, t_reload, t_swap=time.time() - verified_at)
         self.console.log(f"loaded version {policy.version} (reload {t_reload:.2f} s)")
         self._send_heartbeat()
         self._prune()
@@ -115,8 +159,9 @@ class Worker:
     def _prune(self) -> None:
         assert self.node is not None
         keep_after = self.loaded - (self.join_info.staleness + 1)
-        for v in [v for v in self.node.transfers if v < keep_after]:
+        for v in [v for v in self.node.transfers if isinstance(v, int) and v < keep_after]:
             self.node.remove(v, delete_dir=self._vdir(v))
+            self.node.remove(delta_key(v), delete_dir=self.versions_dir / delta_dir_name(v))
 
     # -- start-up ------------------------------------------------------------------------------------
 
@@ -202,8 +247,10 @@ class Worker:
                     self.downloading is None or self.downloading.version < resp.latest_version
                 ):
                     if self.downloading is not None:  # a newer one superseded it: drop the old download
-                        self.node.remove(self.downloading.version, delete_dir=self._vdir(self.downloading.version))
-                    self._start_fetch(self.client.policy())
+                        old = self.downloading.version
+                        self.node.remove(old, delete_dir=self._vdir(old))
+                        self.node.remove(delta_key(old), delete_dir=self.versions_dir / delta_dir_name(old))
+                    self._start_fetch(self.client.policy(self.worker_id))
                 if resp.status == "ok" and resp.lease is not None:
                     batch = self._generate(resp.lease)
                     result = self.client.submit(batch)

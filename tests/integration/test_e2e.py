@@ -96,8 +96,18 @@ def test_workers_loaded_every_version_they_used_from_the_swarm_with_verified_has
     for versions in loads.values():
         for e in versions.values():
             assert e["sha256_verified"] and len(e["sha256"]) == 64
-            assert e["downloaded_bytes"] >= e["size_bytes"]  # the bytes came over the swarm
+            if e["via"] == "full":
+                assert e["downloaded_bytes"] >= e["size_bytes"]  # the bytes came over the swarm
+            else:  # a delta against the version loaded before, rebuilt and hash-checked
+                assert e["version"] - 1 in versions
+                assert 0 < e["downloaded_bytes"] < 0.2 * e["size_bytes"]
     assert len({v for versions in loads.values() for v in versions}) >= 3  # three versions went around
+    assert any(e["via"] == "delta" for versions in loads.values() for e in versions.values())
+
+
+def test_learner_publishes_small_deltas(run):
+    ratios = [r["bcast/delta_ratio"] for r in read_metrics(run / "metrics.jsonl") if "bcast/delta_ratio" in r]
+    assert ratios and all(0 < x < 0.5 for x in ratios)
 
 
 def test_final_checkpoint_and_summary_are_written(run):

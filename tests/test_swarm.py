@@ -1,0 +1,195 @@
+"""Real libtorrent sessions on loopback: slot gates, late joiners, a peer that serves corrupt data.
+
+Peers are connected directly (`connect_peer`), so these tests need no tracker. The corrupting peer is a
+minimal BEP 3 peer written here: it claims every piece and answers each request with garbage.
+"""
+
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from echo2cli.broadcast.node import TorrentNode, slot_priorities
+from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file
+
+SIZE = 8 << 20  # 8 pieces of 1 MiB
+DEADLINE_S = 60  # generous: a hung swarm fails the test instead of hanging CI
+
+
+@pytest.fixture
+def version(tmp_path):
+    vdir = tmp_path / "learner" / "v000001"
+    vdir.mkdir(parents=True)
+    (vdir / WEIGHTS_FILE).write_bytes(os.urandom(SIZE))
+    return vdir, make_torrent(vdir, "http://127.0.0.1:9/announce")
+
+
+def connect(node: TorrentNode, key, *others: TorrentNode) -> None:
+    for other in others:
+        node.transfers[key].handle.connect_peer(("127.0.0.1", other.listen_port))
+
+
+def wait_until(pred, *nodes: TorrentNode) -> None:
+    end = time.time() + DEADLINE_S
+    while not pred():
+        assert time.time() < end, "swarm made no progress before the deadline"
+        for n in nodes:
+            n.poll()
+        time.sleep(0.05)
+
+
+def test_slot_priorities_own_share_first_and_nothing_else_until_seen():
+    prios = slot_priorities(10, 1, 3)
+    assert [i for i, p in enumerate(prios) if p == 7] == [4, 5, 6]  # i*3//10 == 1
+    assert all(p == 0 for i, p in enumerate(prios) if i not in (4, 5, 6))
+    assert sum(slot_priorities(10, k, 3).count(7) for k in range(3)) == 10  # the shares cover every piece
+    with pytest.raises(ValueError):
+        slot_priorities(10, 3, 3)
+
+
+def test_slotted_fetchers_complete_even_when_a_share_owner_never_comes(version, tmp_path):
+    vdir, torrent = version
+    learner = TorrentNode("127.0.0.1:0")
+    learner.seed(1, torrent.data, vdir.parent)
+    # Slots 0 and 1 of 3: nobody fetches share 2, so its pieces only open after the stall timeout.
+    workers = [TorrentNode("127.0.0.1:0") for _ in range(2)]
+    for k, w in enumerate(workers):
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3))
+    for k, w in enumerate(workers):
+        connect(w, 1, learner, workers[1 - k])
+    try:
+        wait_until(lambda: all(w.transfers[1].finished_at for w in workers), learner, *workers)
+        for k in range(2):
+            assert sha256_file(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+    finally:
+        for n in (learner, *workers):
+            n.close()
+
+
+def test_late_joiner_takes_the_version_mostly_from_other_workers(version, tmp_path):
+    vdir, torrent = version
+    learner = TorrentNode("127.0.0.1:0", upload_limit_bytes_s=1 << 20)  # 1 MiB/s: a slow uplink
+    learner.seed(1, torrent.data, vdir.parent)
+    early = TorrentNode("127.0.0.1:0")  # a worker that already holds the version
+    early.seed(1, torrent.data, vdir.parent)
+    late = TorrentNode("127.0.0.1:0")
+    late.fetch(1, torrent.data, tmp_path / "late")
+    connect(late, 1, learner, early)
+    try:
+        wait_until(lambda: late.transfers[1].finished_at is not None, learner, early, late)
+        assert sha256_file(tmp_path / "late" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+        time.sleep(1.5)  # counters are folded in once a second
+        assert learner.upload_bytes(1) < 0.5 * SIZE < early.upload_bytes(1)
+    finally:
+        for n in (learner, early, late):
+            n.close()
+
+
+class CorruptPeer:
+    """Speaks just enough BEP 3 to offer every piece, then serves random bytes for every request."""
+
+    def __init__(self, num_pieces: int) -> None:
+        self.num_pieces = num_pieces
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.blocks_sent = 0
+        self.disconnected = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _recv(self, conn, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError
+            buf += chunk
+        return buf
+
+    def _send(self, conn, msg_id: int, payload: bytes = b"") -> None:
+        conn.sendall(struct.pack(">IB", 1 + len(payload), msg_id) + payload)
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        try:
+            hello = self._recv(conn, 68)  # the leecher's handshake; answer for the info-hash it asked for
+            conn.sendall(b"\x13BitTorrent protocol" + b"\0" * 8 + hello[28:48] + b"-XX0001-corruptpeer!")
+            bits = bytearray((self.num_pieces + 7) // 8)
+            for i in range(self.num_pieces):
+                bits[i // 8] |= 0x80 >> (i % 8)
+            self._send(conn, 5, bytes(bits))  # bitfield: every piece
+            self._send(conn, 1)  # unchoke
+            while True:
+                (length,) = struct.unpack(">I", self._recv(conn, 4))
+                if length == 0:
+                    continue  # keep-alive
+                msg = self._recv(conn, length)
+                if msg[0] == 6:  # request: index, begin, length
+                    index, begin, size = struct.unpack(">III", msg[1:13])
+                    self._send(conn, 7, struct.pack(">II", index, begin) + os.urandom(size))
+                    self.blocks_sent += 1
+        except (ConnectionError, OSError):
+            self.disconnected.set()
+
+
+def test_a_peer_serving_corrupt_pieces_is_banned_and_the_version_still_arrives_intact(version, tmp_path):
+    import libtorrent as lt
+
+    vdir, torrent = version
+    info = lt.torrent_info(torrent.data)
+    bad = CorruptPeer(info.num_pieces())
+    worker = TorrentNode("127.0.0.1:0")
+    # The fake peer speaks plain BEP 3; libtorrent would first try an obfuscated (MSE) handshake.
+    worker.session.apply_settings({"out_enc_policy": int(lt.enc_policy.disabled)})
+    worker.fetch(1, torrent.data, tmp_path / "w")
+    worker.transfers[1].handle.connect_peer(("127.0.0.1", bad.port))
+    good = TorrentNode("127.0.0.1:0")
+    try:
+        wait_until(lambda: worker.transfers[1].hash_failures > 0 and bad.disconnected.is_set(), worker)
+        assert worker.transfers[1].finished_at is None  # nothing from the bad peer was accepted
+        assert worker.transfers[1].handle.status().num_pieces == 0
+        good.seed(1, torrent.data, vdir.parent)
+        connect(worker, 1, good)
+        wait_until(lambda: worker.transfers[1].finished_at is not None, worker, good)
+        assert sha256_file(tmp_path / "w" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+    finally:
+        worker.close()
+        good.close()
+
+
+def bdecode(data: bytes, i: int = 0):
+    """A plain BEP 3 decoder, independent of libtorrent: (value, next index)."""
+    c = data[i : i + 1]
+    if c == b"i":
+        end = data.index(b"e", i)
+        return int(data[i + 1 : end]), end + 1
+    if c in (b"l", b"d"):
+        items, i = [], i + 1
+        while data[i : i + 1] != b"e":
+            value, i = bdecode(data, i)
+            items.append(value)
+        return (items if c == b"l" else dict(zip(items[::2], items[1::2], strict=True))), i + 1
+    colon = data.index(b":", i)
+    n = int(data[i:colon])
+    return data[colon + 1 : colon + 1 + n], colon + 1 + n
+
+
+def test_version_torrent_is_a_standard_bep3_and_bep52_torrent(version):
+    """Any ordinary client can fetch a version: check the metainfo by the specs, not by libtorrent."""
+    import hashlib
+
+    from echo2cli.broadcast.tracker import bencode
+
+    vdir, torrent = version
+    meta, end = bdecode(torrent.data)
+    assert end == len(torrent.data)
+    assert meta[b"announce"] == b"http://127.0.0.1:9/announce"
+    info = meta[b"info"]
+    assert hashlib.sha1(bencode(info)).hexdigest() == torrent.info_hash  # BEP 3 info-hash
+    assert info[b"private"] == 1 and info[b"meta version"] == 2 and b"file tree" in info  # BEP 27, BEP 52
+    assert [f[b"path"] for f in info[b"files"] if b"attr" not in f] == [[WEIGHTS_FILE.encode()]]
+    piece_len, data = info[b"piece length"], (vdir / WEIGHTS_FILE).read_bytes()
+    hashes = [hashlib.sha1(data[i : i + piece_len]).digest() for i in range(0, len(data), piece_len)]
+    assert info[b"pieces"] == b"".join(hashes)  # BEP 3 v1 piece hashes over the file
