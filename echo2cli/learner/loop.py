@@ -178,7 +178,10 @@ class Learner:
         )
         server, thread = serve_in_thread(app, self.sock)
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
-        (self.out / "learner.json").write_text(json.dumps({"url": self.url, "run_id": self.run_id, "pid": os.getpid()}))
+        # Written then renamed: `echo2 demo` polls for this file and must never read it half-written.
+        tmp = self.out / "learner.json.tmp"
+        tmp.write_text(json.dumps({"url": self.url, "run_id": self.run_id, "pid": os.getpid()}))
+        tmp.rename(self.out / "learner.json")
         t_start = time.time()
         steady_since: float | None = None
         waited_steady = 0.0
