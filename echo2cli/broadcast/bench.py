@@ -89,7 +89,7 @@ class _Proc:
         self.p.stdin.write(line + "\n")
         self.p.stdin.flush()
 
-    def read(self, timeout_s: float = 600) -> dict:
+    def read(self) -> dict:
         line = self.p.stdout.readline()
         if not line:
             raise BroadcastError(f"bench process exited early (code {self.p.wait()}): see its stderr above")
