@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -49,6 +49,13 @@ class LearnerConfig(_Config):
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch default)")
+    activation: Literal["cost", "all"] = Field(
+        "cost", description="cost: the cheapest workers that reach gamma*mu_min generate, the rest stand by; "
+        "all: every worker generates")
+    gamma: float = Field(1.1, ge=1.0, description="provision gamma * mu_min rollouts/s")
+    plan_every: int = Field(2, ge=1, description="steps between re-plans (joins and deaths re-plan at once)")
+    plan_rule: Literal["echo2", "paper"] = Field("echo2", description="which mu_min activation targets")
+    learner_usd_per_hour: float = Field(0.0, ge=0.0, description="price of the learner box, for cost per step")
 
     @model_validator(mode="after")
     def _kappa_fits_staleness(self) -> LearnerConfig:
@@ -72,7 +79,9 @@ class WorkerConfig(_Config):
     dtype: str = Field("auto", description="engine compute dtype: auto | bfloat16 | float32")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload (0 = none)")
-    usd_per_hour: float = Field(0.0, ge=0.0, description="price of this worker, for cost reports")
+    usd_per_hour: float = Field(0.0, ge=0.0, description="price of this worker, for cost-aware activation")
+    max_rollouts_per_s: float = Field(0.0, ge=0.0, description="throttle generation to this rate, emulating a "
+                                      "slower GPU (0 = no throttle)")
     request_timeout_s: float = Field(30.0, gt=0.0, description="HTTP timeout for one call to the learner")
     unreachable_s: float = Field(60.0, gt=0.0, description="give up after the learner is unreachable this long")
     seed: int = 0

@@ -86,7 +86,7 @@ def live_view(status: Status | None, phase: str) -> Group:
     for w in status.workers:
         dl = "-" if w.downloading_version is None else f"v{w.downloading_version} {w.download_progress:.0%}"
         workers.add_row(w.name, f"v{w.version_loaded}", dl, f"{w.tokens_per_s:.0f}", str(w.rollouts),
-                        "yes" if w.active else "no")
+                        ("standby" if w.standby else "yes") if w.active else "no")
     return Group(head, workers)
 
 
@@ -108,8 +108,18 @@ def summarize(out: Path, wall_s: float) -> dict[str, Any]:
         "upload_ratio_median": statistics.median(ratios) if ratios else None,
         "staleness_max": max(r["rollout/staleness_max"] for r in rows),
         "stale_dropped": rows[-1]["rollout/stale_dropped_total"],
+        "activation": _last_decision(out),
         "metrics": str(out / "metrics.jsonl"),
     }
+
+
+def _last_decision(out: Path) -> str:
+    decisions = read_metrics(out / "decisions.jsonl")
+    if not decisions:
+        return "-"
+    d = decisions[-1]
+    mu = f"; mu_min_echo2 {d['mu_min_echo2']:.1f} rollouts/s" if d.get("mu_min_echo2") else ""
+    return f"{', '.join(d['active'])} active, {', '.join(d['standby']) or 'none'} on standby{mu}"
 
 
 def summary_table(s: dict[str, Any]) -> Table:
@@ -122,6 +132,7 @@ def summary_table(s: dict[str, Any]) -> Table:
     table.add_row("learner bubble ratio", f"{s['bubble_ratio']:.3f}")
     table.add_row("learner upload ÷ model size (median)", _fmt(s["upload_ratio_median"]))
     table.add_row("max staleness trained", str(s["staleness_max"]))
+    table.add_row("cost-aware activation (last decision)", s["activation"])
     table.add_row("metrics", s["metrics"])
     return table
 

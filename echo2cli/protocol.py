@@ -72,7 +72,7 @@ class Lease(_Msg):
 
 
 class LeaseResponse(_Msg):
-    status: Literal["ok", "wait", "update", "finished"]
+    status: Literal["ok", "wait", "update", "standby", "finished"]
     lease: Lease | None = None
     latest_version: int
     detail: str = ""
@@ -129,6 +129,7 @@ class WorkerView(_Msg):
     tokens_per_s: float
     rollouts: int
     active: bool
+    standby: bool = False
 
 
 class Status(_Msg):

@@ -16,7 +16,11 @@ Semantics (DESIGN.md):
   lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight,
   waiting or in the step being trained. With S = 0 the fleet generates exactly one batch per version
   (synchronous GRPO); larger S lets fresh workers run ahead while stale ones do not produce groups that
-  would be dropped.
+  would be dropped. No lease holds more than B prompts, so one worker's lease never spans a whole
+  step's work (the capacity model in `plan.py` relies on this).
+- Each worker's throughput mu_i is measured here: rollouts returned / wall time its leases were out
+  (generation plus the round trips), over its last MU_WINDOW leases. Workers on standby (cost-aware activation) get no leases; they keep
+  fetching and seeding versions.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from echo2cli.protocol import (
 )
 from echo2cli.tasks import Problem, Task
 
-LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
+LOGPROB_TOLERANCE = 1e-3
+MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases  # engines may round a near-certain token's log-prob slightly above 0
 
 
 @dataclass
@@ -63,6 +68,8 @@ class _Lease:
     version: int
     outstanding: set[int]
     deadline: float
+    granted_at: float
+    size: int
 
 
 @dataclass
@@ -77,7 +84,16 @@ class _Worker:
     upload_bytes: int = 0
     rollouts: int = 0
     left: bool = False
+    standby: bool = False
+    leases: int = 0
+    returned: int = 0  # leases returned
+    recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # (samples, s)
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
+
+
+def _rate(recent: deque[tuple[int, float]]) -> float | None:
+    seconds = sum(s for _, s in recent)
+    return sum(n for n, _ in recent) / seconds if seconds > 0 else None
 
 
 class Coordinator:
@@ -181,6 +197,9 @@ class Coordinator:
             self.expire_leases()
             if self.finished:
                 return LeaseResponse(status="finished", latest_version=self.version)
+            if self.workers[worker_id].standby:
+                return LeaseResponse(status="standby", latest_version=self.version,
+                                     detail="on standby: the active workers already keep the learner busy")
             if self.version - version > self.S:
                 return LeaseResponse(
                     status="update",
@@ -191,12 +210,14 @@ class Coordinator:
             # `version` stays admissible only while q < B * (S - lag + 1): lease no more than that.
             lag = self.version - version
             room = self.B * (self.S - lag + 1) - self._in_flight()
-            n = min(max_prompts, room)
+            n = min(max_prompts, room, self.B)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
             ids = [self._next_prompt() for _ in range(n)]
             lease_id = uuid.uuid4().hex[:16]
-            self.leases[lease_id] = _Lease(worker_id, version, set(ids), self.clock() + self.lease_timeout_s)
+            now = self.clock()
+            self.leases[lease_id] = _Lease(worker_id, version, set(ids), now + self.lease_timeout_s, now, n)
+            self.workers[worker_id].leases += 1
             items = [PromptItem(prompt_id=i, prompt_token_ids=self.prompt_ids[i]) for i in ids]
             lease = Lease(lease_id=lease_id, version=version, prompts=items, deadline_s=self.lease_timeout_s)
             return LeaseResponse(status="ok", lease=lease, latest_version=self.version)
@@ -266,7 +287,13 @@ class Coordinator:
                     lease.outstanding.discard(prompt_id)
             if lease is not None and not lease.outstanding:
                 del self.leases[batch.lease_id]
-            self.workers[batch.worker_id].rollouts += result.accepted
+            worker = self.workers[batch.worker_id]
+            if lease is not None and lease.worker_id == batch.worker_id:
+                worker.returned += 1
+                if worker.returned == 2:
+                    worker.recent.clear()  # the first lease ran on a cold engine: keep it only until a second
+                worker.recent.append((len(batch.samples), self.clock() - lease.granted_at))
+            worker.rollouts += result.accepted
             for key in ("stale", "duplicate", "invalid"):
                 self.counters[f"{key}_samples"] += getattr(result, key)
             return result
@@ -333,6 +360,23 @@ class Coordinator:
                     newly.append(v)
             return newly
 
+    def set_standby(self, standby: set[str]) -> None:
+        with self.lock:
+            for wid, w in self.workers.items():
+                w.standby = wid in standby
+
+    def measured(self) -> list[dict]:
+        """Each joined worker's price, measured mu_i (None before its first lease returns) and lease size."""
+        with self.lock:
+            active = set(self.active_workers())
+            return [
+                {"worker_id": wid, "name": w.name, "usd_per_hour": w.usd_per_hour, "active": wid in active,
+                 "standby": w.standby, "leases": w.leases, "rollouts": w.rollouts,
+                 "rollouts_per_s": _rate(w.recent),
+                 "lease_rollouts": sum(n for n, _ in w.recent) / len(w.recent) if w.recent else None}
+                for wid, w in self.workers.items()
+            ]
+
     def worker_views(self) -> list[WorkerView]:
         with self.lock:
             active = set(self.active_workers())
@@ -346,6 +390,7 @@ class Coordinator:
                     tokens_per_s=w.tokens_per_s,
                     rollouts=w.rollouts,
                     active=wid in active,
+                    standby=w.standby,
                 )
                 for wid, w in self.workers.items()
             ]

@@ -4,6 +4,7 @@
         wait until B admissible groups are ready            (learner/t_wait_s: the bubble)
         one GRPO step on them                               (learner/t_train_s: T_train)
         publish version t+1 every kappa steps               (learner/t_publish_s)
+        re-plan cost-aware activation every plan_every steps and on joins/deaths (learner/activation.py)
         log one metrics line; checkpoint every N steps
     finish: tell workers, final checkpoint, linger so they hear it, stop.
 
@@ -29,6 +30,7 @@ from typing import Any
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import LearnerConfig
 from echo2cli.errors import ConfigError
+from echo2cli.learner.activation import Activation
 from echo2cli.learner.coordinator import Coordinator, Group
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.server import build_app
@@ -40,6 +42,7 @@ from echo2cli.tasks import load_task
 SCALARS_IN_STATUS = (
     "rollout/reward_mean", "learner/t_train_s", "learner/t_wait_s", "bcast/t_s", "bcast/version",
     "learner/bubble_ratio", "bcast/upload_ratio", "rollout/staleness_max", "train/loss", "time_s",
+    "plan/mu_min", "plan/mu_min_echo2", "plan/active_workers", "plan/standby_workers", "cost/usd_per_step",
 )
 
 
@@ -122,8 +125,15 @@ class Learner:
             keep=cfg.staleness + 1,
         )
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
+        self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
+        self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.last: dict[str, Any] = {}
         self.upload_ratio: dict[int, float] = {}
+
+    def _usd_per_hour(self) -> float:
+        """Learner plus every live worker not on standby: what the run pays for right now."""
+        live = [w for w in self.coord.measured() if w["active"] and not w["standby"]]
+        return self.cfg.learner_usd_per_hour + sum(w["usd_per_hour"] for w in live)
 
     def _model_files(self) -> list[str]:
         return [f for f in MODEL_FILES if (self.model_dir / f).exists()]
@@ -131,8 +141,11 @@ class Learner:
     def _status_extra(self) -> dict:
         return {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last}
 
-    def _tick(self) -> None:
+    def _tick(self, step: int) -> None:
         self.node.poll()
+        decision = self.activation.update(step)
+        if decision is not None and decision["changed"] and self.on_decision:
+            self.on_decision(decision)
         for v in self.coord.update_bcast():
             size = self.publisher.sizes.get(v)
             if size:
@@ -190,7 +203,7 @@ class Learner:
                 t0 = time.time()
                 while (groups := self.coord.take_batch()) is None:
                     time.sleep(0.02)
-                    self._tick()
+                    self._tick(t)
                 t_wait = time.time() - t0
                 if steady_since is None:
                     steady_since = time.time()
@@ -203,7 +216,7 @@ class Learner:
                 if version % cfg.kappa == 0 or version == cfg.steps:
                     self.publisher.publish(version)
                 self.coord.advance(version)
-                self._tick()
+                self._tick(version)
                 now = time.time()
                 c = self.coord.counters
                 record.update({
@@ -211,6 +224,7 @@ class Learner:
                     "time_s": now - t_start,
                     "learner/t_wait_s": t_wait,
                     "learner/t_publish_s": now - t1,
+                    "learner/t_busy_s": now - t0 - t_wait,  # T_train of the capacity model
                     "learner/bubble_ratio": waited_steady / max(now - steady_since, 1e-9),
                     "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
                     "rollout/stale_dropped_total": c["stale_samples"],
@@ -220,7 +234,11 @@ class Learner:
                     "workers/active": len(self.coord.active_workers()),
                     **self._bcast_metrics(),
                     **self._delta_metrics(version),
+                    **self.activation.metrics,
+                    "cost/usd_per_step": self._usd_per_hour() * (now - t0) / 3600.0,
                 })
+                # the model's T_train is all the learner's busy time per step: training plus publishing
+                self.activation.observe_step(record["learner/t_busy_s"])
                 self.metrics.write(record)
                 self.last = record
                 if on_step:
@@ -236,11 +254,13 @@ class Learner:
             thread.join(timeout=10)
             self.node.close()
             self.metrics.close()
+            self.activation.close()
         summary = {
             "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
             "checkpoint": str(final), "metrics": str(self.metrics.path),
             "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
             "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
+            "workers": self.coord.measured(),
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -249,5 +269,5 @@ class Learner:
         """Serve on until every worker has heard 'finished' and left, or linger_s passes."""
         deadline = time.time() + self.cfg.linger_s
         while time.time() < deadline and self.coord.active_workers():
-            self._tick()
+            self._tick(self.cfg.steps)
             time.sleep(0.1)

@@ -211,6 +211,8 @@ class Worker:
         ]
         n_tokens = sum(len(s.completion_token_ids) for s in samples)
         self.tokens_per_s = n_tokens / max(gen_s, 1e-9)
+        if self.cfg.max_rollouts_per_s:  # emulate a slower GPU: the lease takes len/rate at least
+            self.stop.wait(max(0.0, len(samples) / self.cfg.max_rollouts_per_s - gen_s))
         return RolloutBatch(worker_id=self.worker_id, lease_id=lease.lease_id, version=lease.version,
                             samples=samples, gen_s=gen_s)
 
@@ -224,7 +226,8 @@ class Worker:
         self.events = MetricsWriter(self.work_dir / "events.jsonl")
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
         self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000))
-        stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0}
+        stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0}
+        standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
             self._start_fetch(info.policy)
@@ -260,8 +263,16 @@ class Worker:
                     stats["stale"] += result.stale
                 elif resp.status == "update" and self.downloading is not None:
                     self._wait_download()
+                elif resp.status == "standby":
+                    if not standby:
+                        self.console.log(f"standby: {resp.detail}")
+                    stats["standby_s"] += 0.5
+                    time.sleep(0.5)  # keep fetching and seeding versions; ask again
                 else:
                     time.sleep(0.1)
+                if standby and resp.status != "standby":
+                    self.console.log("active again")
+                standby = resp.status == "standby"
         except KeyboardInterrupt:
             self.console.log("interrupted: handing leases back")
         finally:

@@ -1,0 +1,117 @@
+"""Cost-aware activation inside the learner: the closed loop around `plan.py`.
+
+Every `plan_every` steps, and at once when a worker joins or dies, the learner rebuilds the plan from what
+it measured — T_train (median of the last steps), T_bcast (median of the last versions) and each worker's
+mu_i (rollouts / wall time its leases were out) with the price it declared at join — and activates the
+cheapest set that reaches gamma*mu_min. The rest go on standby: no leases, but they keep fetching and
+seeding every version, so one can be activated without a download.
+
+A worker whose mu_i is not measured yet stays active until its first lease returns. Before T_train and
+T_bcast have a measurement every worker is active. When no throughput keeps the learner busy (infeasible S
+or T_bcast) every worker is active, and the decision says why. Each evaluation is one line of
+`decisions.jsonl` in the run directory, with its reason, inputs and outcome.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from echo2cli.config import LearnerConfig
+from echo2cli.learner.coordinator import Coordinator
+from echo2cli.metrics import MetricsWriter
+from echo2cli.plan import InfeasibleError, PlanInputs, WorkerSpec, plan
+
+T_TRAIN_WINDOW = 5  # steps in the T_train median
+T_BCAST_WINDOW = 5  # versions in the T_bcast median
+
+
+class Activation:
+    def __init__(self, cfg: LearnerConfig, coord: Coordinator, log_path: Path) -> None:
+        self.cfg, self.coord = cfg, coord
+        self.t_train: deque[float] = deque(maxlen=T_TRAIN_WINDOW)
+        self.members: frozenset[str] = frozenset()
+        self.measured_ids: frozenset[str] = frozenset()
+        self.last_step = -10**9
+        self.log = MetricsWriter(log_path)
+        self.metrics: dict[str, Any] = {}
+        self.standby: frozenset[str] = frozenset()
+
+    def observe_step(self, t_train_s: float) -> None:
+        self.t_train.append(t_train_s)
+
+    def _reason(self, step: int) -> str | None:
+        members = frozenset(self.coord.active_workers())
+        measured = frozenset(w["worker_id"] for w in self.coord.measured() if w["rollouts_per_s"] is not None)
+        names = {w["worker_id"]: w["name"] for w in self.coord.measured()}
+        reason = None
+        if members != self.members:
+            joined = sorted(names[w] for w in members - self.members)
+            gone = sorted(names[w] for w in self.members - members)
+            reason = "; ".join(filter(None, [f"joined: {', '.join(joined)}" if joined else "",
+                                             f"gone: {', '.join(gone)}" if gone else ""]))
+        elif measured != self.measured_ids:
+            reason = f"first throughput of: {', '.join(sorted(names[w] for w in measured - self.measured_ids))}"
+        elif step - self.last_step >= self.cfg.plan_every:
+            reason = f"every {self.cfg.plan_every} steps"
+        self.members, self.measured_ids = members, measured
+        return reason
+
+    def update(self, step: int) -> dict[str, Any] | None:
+        """Re-plan if it is time or the fleet changed; returns the decision record when one was made."""
+        if self.cfg.activation != "cost":
+            return None
+        reason = self._reason(step)
+        if reason is None:
+            return None
+        self.last_step = step
+        live = [w for w in self.coord.measured() if w["active"]]
+        pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
+                for w in live if w["rollouts_per_s"]]
+        names = {w["worker_id"]: w["name"] for w in live}
+        # v0's T_bcast includes the workers' engine start: steady state begins at v1
+        bcast = [self.coord.bcast_s[v] for v in sorted(self.coord.bcast_s) if v > 0][-T_BCAST_WINDOW:]
+        record: dict[str, Any] = {"step": step, "time": time.time(), "reason": reason, "workers": live}
+        standby: set[str] = set()
+        if not self.t_train or not bcast or not pool:
+            record["decision"] = "all active: waiting for measurements of T_train, T_bcast and mu_i"
+        else:
+            cfg = self.cfg
+            inp = PlanInputs(batch=cfg.prompts_per_step * cfg.group_size, t_train_s=statistics.median(self.t_train),
+                             t_bcast_s=statistics.median(bcast), staleness=cfg.staleness, kappa=cfg.kappa,
+                             gamma=cfg.gamma, lease_rollouts=cfg.group_size * 4,
+                             learner_usd_per_hour=cfg.learner_usd_per_hour)
+            record["inputs"] = inp.__dict__
+            try:
+                result = plan(inp, pool, rule=cfg.plan_rule)
+            except InfeasibleError as exc:
+                record["decision"] = f"all active: {exc}"
+            else:
+                standby = set(result.standby)
+                record.update(
+                    decision=("cheapest set reaching gamma*mu_min" if result.meets_target
+                              else "all active: the pool is below gamma*mu_min"),
+                    mu_min=result.mu_min, mu_min_echo2=result.mu_min_echo2, target_mu=result.target_mu,
+                    predicted_bubble=result.recommended.bubble_ratio,
+                    predicted_usd_per_step=result.recommended.usd_per_step,
+                )
+                self.metrics = {
+                    "plan/mu_min": result.mu_min, "plan/mu_min_echo2": result.mu_min_echo2,
+                    "plan/target_mu": result.target_mu, "plan/mu_active": result.recommended.mu_pool,
+                    "plan/predicted_bubble": result.recommended.bubble_ratio,
+                }
+        self.coord.set_standby(standby)
+        record["leases_after"] = {w["name"]: w["leases"] for w in self.coord.measured()}  # standby holds these
+        record["active"] = sorted(names[w] for w in names if w not in standby)
+        record["standby"] = sorted(names[w] for w in standby)
+        record["changed"] = frozenset(standby) != self.standby
+        self.standby = frozenset(standby)
+        self.metrics.update({"plan/active_workers": len(record["active"]), "plan/standby_workers": len(standby)})
+        self.log.write(record)
+        return record
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,105 @@
+"""Cost-aware activation with real processes: a cheap slow worker and an expensive fast one join a learner.
+
+The slow worker is throttled to 0.25 rollouts/s at $0.25/h (rho = 2.8e-4 $/rollout); the fast one runs
+vLLM unthrottled at $1/h, so it is cheaper per rollout whenever it makes more than 1 rollout/s, and alone
+it covers gamma*mu_min of this small run (B = 16 rollouts per step of several seconds). Every decision the learner logs must be the one `plan()` makes from
+the measurements it logged, and a worker on standby must get no lease until a later decision wakes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from echo2cli.demo import free_port
+from echo2cli.metrics import read_metrics
+from echo2cli.plan import PlanInputs, WorkerSpec, plan
+
+pytestmark = pytest.mark.integration
+
+STEPS = 8
+
+
+def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("activation")
+    port = free_port()
+    learner = spawn(
+        ["learner", "--out", str(out), "--steps", str(STEPS), "--prompts-per-step", "4", "-G", "4",
+         "--max-new-tokens", "8", "-S", "3", "--port", str(port), "--bt-listen", "127.0.0.1:0",
+         "--checkpoint-every", "0", "--activation", "cost", "--learner-usd-per-hour", "2.0", "--quiet"],
+        out / "learner.log",
+        env={"ECHO2_PLAN_EVERY": "1"},
+    )
+    deadline = time.time() + 300
+    while not (out / "learner.json").exists():
+        assert learner.poll() is None, (out / "learner.log").read_text()[-3000:]
+        assert time.time() < deadline, "learner did not start"
+        time.sleep(0.5)
+    url = f"http://127.0.0.1:{port}"
+    specs = {"cheap-slow": ["--usd-per-hour", "0.25", "--max-rollouts-per-s", "0.25"],
+             "pricey-fast": ["--usd-per-hour", "1.0"]}
+    workers = [
+        spawn(["worker", "--join", url, "--name", name, "--work-dir", str(out / name), "--bt-listen",
+               "127.0.0.1:0", "--prompts-per-lease", "2", "--kv-cache-gib", "0.5", *extra],
+              out / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
+        for i, (name, extra) in enumerate(specs.items())
+    ]
+    try:
+        learner.wait(timeout=900)
+        for w in workers:
+            w.wait(timeout=120)
+    finally:
+        for p in [learner, *workers]:
+            if p.poll() is None:
+                p.kill()
+    assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
+    return out
+
+
+def _decisions(run):
+    return [d for d in read_metrics(run / "decisions.jsonl") if "inputs" in d]
+
+
+def test_every_decision_is_the_one_the_model_predicts(run):
+    decisions = _decisions(run)
+    assert decisions, read_metrics(run / "decisions.jsonl")
+    for d in decisions:
+        pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
+                for w in d["workers"] if w["rollouts_per_s"]]
+        names = {w["worker_id"]: w["name"] for w in d["workers"]}
+        expected = plan(PlanInputs(**d["inputs"]), pool)
+        assert sorted(names[w] for w in expected.standby) == d["standby"]
+        assert d["mu_min_echo2"] == pytest.approx(expected.mu_min_echo2)
+
+
+def test_cheap_slow_worker_stands_by_while_the_fast_one_is_cheaper_per_rollout(run):
+    both = [d for d in _decisions(run) if sum(1 for w in d["workers"] if w["rollouts_per_s"]) == 2]
+    assert both, "no decision saw both workers' throughput"
+    last = both[-1]
+    mu = {w["name"]: w["rollouts_per_s"] for w in last["workers"]}
+    assert mu["cheap-slow"] <= 0.26 and mu["pricey-fast"] > 1  # the throttle held; fast is cheaper per rollout
+    assert last["active"] == ["pricey-fast"] and last["standby"] == ["cheap-slow"]
+
+
+def test_a_worker_on_standby_gets_no_lease_until_woken(run):
+    decisions = read_metrics(run / "decisions.jsonl")
+    summary = json.loads((run / "summary.json").read_text())
+    final = {w["name"]: w["leases"] for w in summary["workers"]}
+    for d, nxt in zip(decisions, decisions[1:] + [None], strict=True):
+        later = final if nxt is None else {w["name"]: w["leases"] for w in nxt["workers"]}
+        for name in d["standby"]:
+            assert later[name] == d["leases_after"][name], f"{name} got a lease while on standby"
+    log = (run / "cheap-slow.log").read_text()
+    assert "standby" in log
