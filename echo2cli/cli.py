@@ -59,6 +59,10 @@ def learner(
     token: str | None = typer.Option(None, help="shared secret workers must present"),
     checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints"),
     torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
+    activation: str | None = typer.Option(None, help="cost: the cheapest workers reaching gamma*mu_min generate, "
+                                          "the rest stand by | all: every worker generates"),
+    gamma: float | None = typer.Option(None, help="provisioning margin over mu_min"),
+    learner_usd_per_hour: float | None = typer.Option(None, help="price of the learner box, for cost per step"),
     seed: int | None = typer.Option(None),
     quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
 ) -> None:
@@ -68,6 +72,7 @@ def learner(
         group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
         host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
         token=token, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
+        activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
     ), "learner")
     from echo2cli.learner.loop import Learner
 
@@ -83,6 +88,12 @@ def learner(
                 f"T_bcast {m.get('bcast/t_s') or float('nan'):.1f}s workers {m['workers/active']}"
             )
 
+    def on_decision(d: dict[str, Any]) -> None:
+        if not quiet:
+            console.print(f"activation: {', '.join(d['active']) or '-'} active, {', '.join(d['standby']) or '-'} "
+                          f"on standby ({d['decision']}; {d['reason']})", soft_wrap=True)
+
+    run.on_decision = on_decision
     summary = run.run(on_step)
     print(json.dumps(summary) if quiet else "")
     if not quiet:
@@ -101,14 +112,17 @@ def worker(
     dtype: str | None = typer.Option(None, help="engine dtype: auto | bfloat16 | float32"),
     bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
     uplink_mbps: float | None = typer.Option(None, help="cap this worker's torrent upload"),
-    usd_per_hour: float | None = typer.Option(None, help="price of this worker"),
+    usd_per_hour: float | None = typer.Option(None, help="price of this worker in $/h; the learner activates "
+                                              "the cheapest workers per rollout first"),
+    max_rollouts_per_s: float | None = typer.Option(None, help="throttle generation to this many rollouts/s "
+                                                    "(emulate a slower GPU)"),
     quiet: bool = typer.Option(False, "--quiet"),
 ) -> None:
     """Join a learner, fetch policy versions from the swarm and generate rollouts with vLLM."""
     cfg = load_config(WorkerConfig, config, _flags(
         join=join, token=token, name=name, work_dir=work_dir, prompts_per_lease=prompts_per_lease,
         kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
-        usd_per_hour=usd_per_hour,
+        usd_per_hour=usd_per_hour, max_rollouts_per_s=max_rollouts_per_s,
     ), "worker")
     from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
 
@@ -147,6 +161,106 @@ def eval_(
     from echo2cli.evaluate import evaluate
 
     print(json.dumps(evaluate(model, task, prompts, samples, max_new_tokens, seed)))
+
+
+@app.command("plan")
+def plan_cmd(
+    batch: float | None = typer.Option(None, "--batch", help="B: rollouts per learner step (prompts x G)"),
+    t_train: float | None = typer.Option(None, "--t-train", help="T_train: learner busy seconds per step"),
+    t_bcast: float | None = typer.Option(None, "--t-bcast", help="T_bcast: publish -> fleet generating with it, s"),
+    staleness: int | None = typer.Option(None, "--staleness", "-S", help="S: max policy lag of a trained rollout"),
+    kappa: int | None = typer.Option(None, help="publish every kappa steps (default 1)"),
+    gamma: float | None = typer.Option(None, help="provision gamma * mu_min (default 1.1)"),
+    workers: Path | None = typer.Option(None, "--workers", help="pool TOML: [[workers]] name, usd_per_hour, "
+                                        "rollouts_per_s (see examples/pool-8.toml)"),
+    mu: str | None = typer.Option(None, help="a pool of free workers instead: rollouts/s, comma-separated"),
+    from_run: Path | None = typer.Option(None, "--from-run", help="learner run directory: measured T_train, "
+                                         "T_bcast, B, S, kappa and per-worker throughput; flags override"),
+    rule: str = typer.Option("echo2", help="threshold activation targets: echo2 (derived, simulator-checked) "
+                             "| paper (kappa*B/(kappa*T_train - T_bcast))"),
+    lease_rollouts: float = typer.Option(32.0, help="q: rollouts per lease (prompts per lease x G)"),
+    learner_usd_per_hour: float | None = typer.Option(None, help="learner price, counted in every cost"),
+    learner_rollouts_per_s: float | None = typer.Option(None, help="learner's own generation rate "
+                                                        "(centralized baseline)"),
+    seed: int = typer.Option(0, help="seed of the random-activation baseline"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout"),
+    plot: Path | None = typer.Option(None, help="PNG: predicted and simulated bubble ratio vs pool throughput"),
+) -> None:
+    """Capacity model: the pool throughput mu_min that keeps the learner busy, and the cheapest workers that
+    provide gamma*mu_min, against all-active, random and centralized baselines."""
+    from echo2cli.plan import PlanInputs, WorkerSpec, bubble_ratio
+    from echo2cli.plan import plan as make_plan
+    from echo2cli.plan_io import from_run as read_run
+    from echo2cli.plan_io import load_pool
+    from echo2cli.plan_io import plot as plot_plan
+
+    if rule not in ("echo2", "paper"):
+        raise ConfigError(f"--rule takes echo2 or paper (got {rule!r})")
+    base: dict[str, Any] = read_run(from_run) if from_run else {}
+    pool: list = base.pop("pool", [])
+    measured = {k: base.pop(k) for k in ("measured_bubble", "steps") if k in base}
+    learner_extra: dict[str, float] = {}
+    if workers is not None:
+        pool, learner_extra = load_pool(workers)
+    if mu is not None:
+        try:
+            pool = [WorkerSpec(f"w{i}", 0.0, float(x)) for i, x in enumerate(mu.split(","))]
+        except ValueError:
+            raise ConfigError(f"--mu takes comma-separated rollouts/s, e.g. 4,4,2.5 (got {mu!r})") from None
+    given = _flags(batch=batch, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness, kappa=kappa, gamma=gamma,
+                   learner_usd_per_hour=learner_usd_per_hour if learner_usd_per_hour is not None
+                   else learner_extra.get("usd_per_hour"),
+                   learner_rollouts_per_s=learner_rollouts_per_s if learner_rollouts_per_s is not None
+                   else learner_extra.get("rollouts_per_s"))
+    base.update({k: v for k, v in given.items() if v is not None})
+    missing = [flag for flag, key in (("--batch", "batch"), ("--t-train", "t_train_s"), ("--t-bcast", "t_bcast_s"),
+                                      ("--staleness", "staleness")) if key not in base]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
+    if not pool:
+        raise ConfigError("no workers: give --workers POOL.toml, --mu RATES or --from-run RUN_DIR")
+    inp = PlanInputs(lease_rollouts=lease_rollouts, **base)
+    result = make_plan(inp, pool, rule=rule, seed=seed)  # type: ignore[arg-type]
+    out = result.to_dict()
+    if measured:
+        out["run"] = {**measured, "predicted_bubble": bubble_ratio(inp, pool), "workers": [w.name for w in pool]}
+    if plot is not None:
+        plot_plan(inp, pool, result, plot)
+    if as_json:
+        print(json.dumps(out))
+        return
+    _render_plan(out, pool)
+
+
+def _render_plan(out: dict[str, Any], pool: list) -> None:
+    from rich.table import Table
+
+    inp = out["inputs"]
+    con = Console()
+    con.print(f"B = {inp['batch']:g} rollouts/step, T_train = {inp['t_train_s']:.2f} s, T_bcast = "
+              f"{inp['t_bcast_s']:.2f} s, S = {inp['staleness']}, kappa = {inp['kappa']}, gamma = {inp['gamma']:g}")
+    paper = "infeasible" if out["mu_min"] is None else f"{out['mu_min']:.2f}"
+    con.print(f"mu_min (paper's rule) {paper}  ·  mu_min_echo2 {out['mu_min_echo2']:.2f}  ·  rate bound B/T_train "
+              f"{out['mu_rate_bound']:.2f}  ·  target gamma*mu_min ({out['rule']}) {out['target_mu']:.2f} rollouts/s")
+    active = set(out["recommended"]["active"])
+    workers = Table("worker", "$/h", "rollouts/s", "$ per 1k rollouts", "state", title="cost-aware activation")
+    for w in sorted(pool, key=lambda w: w.rho):
+        workers.add_row(w.name, f"{w.usd_per_hour:.3f}", f"{w.rollouts_per_s:.2f}", f"{w.rho * 1000:.4f}",
+                        "[green]active[/]" if w.name in active else "standby")
+    con.print(workers)
+    table = Table("choice", "mu_pool", "step s", "bubble", "$ / step", "$ / 1k rollouts", title="predicted")
+    rows = {"cost-aware (recommended)": out["recommended"], **{k.replace("_", " "): v
+                                                                for k, v in out["baselines"].items()}}
+    for label, o in rows.items():
+        table.add_row(label, f"{o['mu_pool']:.2f}", f"{o['step_time_s']:.2f}", f"{o['bubble_ratio']:.3f}",
+                      f"{o['usd_per_step']:.5f}", f"{o['usd_per_1k_rollouts']:.4f}")
+    con.print(table)
+    if "run" in out:
+        run = out["run"]
+        con.print(f"run: measured bubble ratio {run['measured_bubble']:.3f} over {run['steps']} steps; model predicts "
+                  f"{run['predicted_bubble']:.3f} for the {len(run['workers'])} measured worker(s)")
+    for note in out["notes"]:
+        con.print(f"note: {note}")
 
 
 @model_app.command("prepare")

@@ -1,0 +1,151 @@
+"""The I/O side of `echo2 plan`: pool files, finished runs and the bubble-vs-throughput plot.
+
+A pool file is TOML (example: examples/pool-8.toml):
+
+    [learner]                     # optional
+    usd_per_hour = 9.8            # the learner box; counted in every cost per step
+    rollouts_per_s = 40.0         # its own GPUs generating, for the centralized baseline
+
+    [[workers]]
+    name = "a10g-spot"            # unique
+    usd_per_hour = 0.45           # p_i
+    rollouts_per_s = 5.0          # mu_i, measured (`echo2 plan --from-run`) or declared
+    count = 2                     # optional: this many identical workers, named a10g-spot-1, -2
+    lease_rollouts = 32           # optional: q_i, prompts per lease x G
+    up_mbps = 500                 # optional, informational
+    down_mbps = 1000
+
+A finished run directory gives B, S, kappa (config.json), T_train = median learner busy time per step and
+T_bcast = median per-version broadcast time (metrics.jsonl, summary.json), each worker's measured mu_i,
+lease size and declared price (summary.json), and the measured bubble ratio to compare with the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from echo2cli.errors import ConfigError
+from echo2cli.metrics import read_metrics
+from echo2cli.plan import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
+from echo2cli.plan import InfeasibleError as _Infeasible
+
+WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
+LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}
+
+
+def load_pool(path: Path) -> tuple[list[WorkerSpec], dict[str, float]]:
+    """Workers and the optional [learner] table of a pool file."""
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read pool file {path}: {exc}") from exc
+    if unknown := set(doc) - {"learner", "workers"}:
+        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; expected [learner] and [[workers]]")
+    learner = doc.get("learner", {})
+    if unknown := set(learner) - LEARNER_KEYS:
+        raise ConfigError(f"{path}: [learner] has unknown key(s) {sorted(unknown)}")
+    pool: list[WorkerSpec] = []
+    for i, w in enumerate(doc.get("workers", [])):
+        if unknown := set(w) - WORKER_KEYS:
+            raise ConfigError(f"{path}: workers[{i}] has unknown key(s) {sorted(unknown)}")
+        if missing := {"name", "usd_per_hour", "rollouts_per_s"} - set(w):
+            raise ConfigError(f"{path}: workers[{i}] needs {sorted(missing)}")
+        count = int(w.get("count", 1))
+        fields = {k: w[k] for k in ("lease_rollouts", "up_mbps", "down_mbps") if k in w}
+        for j in range(count):
+            name = w["name"] if count == 1 else f"{w['name']}-{j + 1}"
+            pool.append(WorkerSpec(name, float(w["usd_per_hour"]), float(w["rollouts_per_s"]), **fields))
+    if not pool:
+        raise ConfigError(f"{path}: no [[workers]] entries")
+    return pool, {k: float(v) for k, v in learner.items()}
+
+
+def from_run(run_dir: Path) -> dict[str, Any]:
+    """Measured inputs of a finished (or running) learner run."""
+    run_dir = Path(run_dir)
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{run_dir} is not a learner run directory (config.json: {exc})") from exc
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if len(rows) < 2:
+        raise ConfigError(f"{run_dir}: need at least 2 steps in metrics.jsonl to measure T_train")
+    busy = [r.get("learner/t_busy_s", r["learner/t_train_s"] + r.get("learner/t_publish_s", 0.0)) for r in rows]
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    # v0's T_bcast includes the workers' engine start: steady state begins at v1
+    per_version = summary.get("bcast_s") or {r["bcast/version"]: r["bcast/t_s"] for r in rows
+                                              if r.get("bcast/t_s") is not None}
+    bcast = [t for v, t in per_version.items() if int(v) > 0]
+    if not bcast:
+        raise ConfigError(f"{run_dir}: no version's T_bcast was measured")
+    pool, seen = [], set()
+    for w in summary.get("workers", []):
+        if w.get("rollouts_per_s"):
+            name = w["name"] if w["name"] not in seen else f"{w['name']}-{w['worker_id'][:4]}"
+            seen.add(name)
+            pool.append(WorkerSpec(name, w["usd_per_hour"], w["rollouts_per_s"], w.get("lease_rollouts")))
+    return {
+        "batch": config["prompts_per_step"] * config["group_size"],
+        "t_train_s": statistics.median(busy[1:]),  # step 0 waits for the engines and warms up the trainer
+        "t_bcast_s": statistics.median(bcast),
+        "staleness": config["staleness"],
+        "kappa": config["kappa"],
+        "gamma": config.get("gamma", 1.1),
+        "learner_usd_per_hour": config.get("learner_usd_per_hour", 0.0),
+        "pool": pool,
+        "measured_bubble": rows[-1]["learner/bubble_ratio"],
+        "steps": len(rows),
+    }
+
+
+def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path) -> None:
+    """Predicted and simulated bubble ratio as the whole pool is sped up or slowed down, with mu_min lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from echo2cli.simulate import SimWorker, simulate
+
+    mu0 = sum(w.rollouts_per_s for w in pool)
+    try:
+        top = 3 * max(mu_min_echo2(inp, pool), mu0 / 3)
+    except _Infeasible:
+        top = 3 * mu0
+    scales = [top / mu0 * (i / 60) for i in range(1, 61)]
+    xs, predicted, simulated = [], [], []
+    for s in scales:
+        scaled = [WorkerSpec(w.name, w.usd_per_hour, w.rollouts_per_s * s, w.lease_rollouts) for w in pool]
+        xs.append(mu0 * s)
+        predicted.append(bubble_ratio(inp, scaled))
+        sim_pool = [SimWorker(w.rollouts_per_s, max(1, round(min(w.lease_rollouts or inp.lease_rollouts, inp.batch))),
+                              inp.t_bcast_s) for w in scaled]
+        simulated.append(simulate(batch_prompts=max(1, round(inp.batch)), group_size=1, t_train_s=inp.t_train_s,
+                                  staleness=inp.staleness, kappa=inp.kappa, workers=sim_pool).bubble_ratio)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(xs, predicted, label="closed form (echo2)", color="tab:blue")
+    ax.plot(xs, simulated, "o", ms=3, label="discrete-event simulation", color="tab:orange")
+    try:
+        ax.axvline(mu_min_paper(inp), ls=":", color="gray", label=f"mu_min, paper's rule ({mu_min_paper(inp):.2f})")
+    except _Infeasible:
+        pass
+    try:
+        m = mu_min_echo2(inp, pool)
+        ax.axvline(m, ls="--", color="tab:blue", label=f"mu_min_echo2 ({m:.2f})")
+    except _Infeasible:
+        pass
+    ax.axvline(result.recommended.mu_pool, color="tab:green", label=f"recommended set ({result.recommended.mu_pool:.2f})")
+    ax.set_xlabel("pool throughput mu_pool (rollouts/s), pool shape fixed")
+    ax.set_ylabel("learner bubble ratio")
+    ax.set_title(f"B={inp.batch:g}, T_train={inp.t_train_s:g} s, T_bcast={inp.t_bcast_s:g} s, S={inp.staleness}, "
+                 f"kappa={inp.kappa}", fontsize=9)
+    ax.set_ylim(-0.02, 1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
