@@ -36,7 +36,9 @@ class Worker:
     def __init__(self, cfg: WorkerConfig, console: Console | None = None) -> None:
         self.cfg = cfg
         self.console = console or Console(stderr=True, quiet=True)
-        self.work_dir = (cfg.work_dir or Path.home() / ".cache" / "echo2" / "workers" / cfg.name).expanduser()
+        # absolute: the engine directory links to version files, and a relative link target would break
+        work_dir = cfg.work_dir or Path.home() / ".cache" / "echo2" / "workers" / cfg.name
+        self.work_dir = work_dir.expanduser().resolve()
         self.versions_dir = self.work_dir / "versions"
         self.client = LearnerClient(
             cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s
