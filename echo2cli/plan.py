@@ -25,7 +25,7 @@ Two thresholds (derivation: docs/DESIGN-NOTES.md, "Capacity model"):
   straggler term makes the prediction conservative (see the notes for the measured error).
 
 Cost-aware activation: rho_i = p_i / (3600*mu_i) dollars per rollout; activate in increasing rho_i until
-the active set's predicted bubble is 0 with its throughput divided by gamma (i.e. mu >= gamma*mu_min).
+the active set's headroom mu / mu_min reaches gamma, passing over a worker that would lower it.
 Cost per step = (learner price + active workers' prices) * P / 3600.
 """
 
@@ -178,18 +178,29 @@ def mu_min_echo2(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     return max(rate, work / window)
 
 
-def _enough(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule) -> bool:
+def headroom(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule) -> float:
+    """mu / mu_min for this set: >= 1 keeps the learner busy, >= gamma is the provisioning target."""
+    if not pool:
+        return 0.0
     mu = sum(w.rollouts_per_s for w in pool)
-    target = mu_min_paper(inp) if rule == "paper" else mu_min_echo2(inp, pool)
-    return bool(pool) and mu >= inp.gamma * target * (1 - 1e-9)
+    return mu / (mu_min_paper(inp) if rule == "paper" else mu_min_echo2(inp, pool))
 
 
 def activate(inp: PlanInputs, pool: list[WorkerSpec], order: list[WorkerSpec], rule: Rule) -> list[WorkerSpec]:
-    """Take workers in `order` until the active set reaches gamma*mu_min; all of them if it never does."""
+    """Take workers in `order` until the active set's headroom reaches gamma, passing over any worker that
+    would lower it. Under echo2's rule a worker whose single lease takes longer than window/gamma
+    (window = S_e*T - T_b) caps every set it joins below gamma — it would be the straggler of any batch —
+    so it is considered only after all the others."""
+    window = inp.s_eff * inp.t_train_s - inp.t_bcast_s
+
+    def fits(w: WorkerSpec) -> bool:
+        return rule == "paper" or inp.gamma * _lease(inp, w) / w.rollouts_per_s <= window
+
     active: list[WorkerSpec] = []
-    for w in order:
-        active.append(w)
-        if _enough(inp, active, rule):
+    for w in [w for w in order if fits(w)] + [w for w in order if not fits(w)]:
+        if headroom(inp, active + [w], rule) > headroom(inp, active, rule):
+            active.append(w)
+        if headroom(inp, active, rule) >= inp.gamma * (1 - 1e-9):
             break
     return active
 
@@ -268,9 +279,9 @@ def plan(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule = "echo2", seed: in
         usd = inp.learner_usd_per_hour * p / 3600.0
         baselines["centralized"] = Outcome(["learner"], inp.learner_rollouts_per_s, p, 1.0 - inp.t_train_s / p,
                                            usd, usd / inp.batch * 1000.0)
-    meets = _enough(inp, chosen, rule)
+    meets = headroom(inp, chosen, rule) >= inp.gamma * (1 - 1e-9)
     if not meets:
-        notes.append("the whole pool is below gamma*mu_min: every worker is active and the learner will wait")
+        notes.append("these workers do not reach gamma*mu_min: all that help are active and the learner will wait")
     if paper is None:
         notes.append("the paper's rule is infeasible (kappa*T_train <= T_bcast); echo2's rule is not")
     target = inp.gamma * (paper if rule == "paper" and paper is not None else mu_min_echo2(inp, chosen))

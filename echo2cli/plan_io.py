@@ -30,8 +30,8 @@ from typing import Any
 
 from echo2cli.errors import ConfigError
 from echo2cli.metrics import read_metrics
-from echo2cli.plan import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
 from echo2cli.plan import InfeasibleError as _Infeasible
+from echo2cli.plan import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
 
 WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
 LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}
@@ -139,7 +139,8 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
         ax.axvline(m, ls="--", color="tab:blue", label=f"mu_min_echo2 ({m:.2f})")
     except _Infeasible:
         pass
-    ax.axvline(result.recommended.mu_pool, color="tab:green", label=f"recommended set ({result.recommended.mu_pool:.2f})")
+    chosen = result.recommended.mu_pool
+    ax.axvline(chosen, color="tab:green", label=f"recommended set ({chosen:.2f})")
     ax.set_xlabel("pool throughput mu_pool (rollouts/s), pool shape fixed")
     ax.set_ylabel("learner bubble ratio")
     ax.set_title(f"B={inp.batch:g}, T_train={inp.t_train_s:g} s, T_bcast={inp.t_bcast_s:g} s, S={inp.staleness}, "

@@ -113,7 +113,15 @@ def test_cost_aware_activation_picks_lowest_cost_per_rollout():
 def test_whole_pool_too_slow_activates_everyone_and_says_so():
     result = plan(PlanInputs(batch=64, t_train_s=10, t_bcast_s=1, staleness=2), pool_of(3, 1.0))
     assert not result.meets_target and result.standby == [] and result.recommended.bubble_ratio > 0
-    assert any("below gamma*mu_min" in n for n in result.notes)
+    assert any("do not reach gamma*mu_min" in n for n in result.notes)
+
+
+def test_short_pool_leaves_out_a_straggler_that_would_lengthen_the_step():
+    # 2 workers of 3/s and one of 0.1/s (a lease of 32 takes it 320 s): S=2, T=10, B=64 needs 7.04/s
+    pool = [WorkerSpec("a", 0.1, 3.0), WorkerSpec("b", 0.1, 3.0), WorkerSpec("slowpoke", 0.0, 0.1)]
+    result = plan(PlanInputs(batch=64, t_train_s=10, t_bcast_s=1, staleness=2), pool)
+    assert not result.meets_target and result.standby == ["slowpoke"]
+    assert result.recommended.bubble_ratio < result.baselines["all_active"].bubble_ratio
 
 
 worker_speeds = st.lists(st.floats(0.05, 50.0), min_size=1, max_size=6)

@@ -93,7 +93,7 @@ class Activation:
                 standby = set(result.standby)
                 record.update(
                     decision=("cheapest set reaching gamma*mu_min" if result.meets_target
-                              else "all active: the pool is below gamma*mu_min"),
+                              else "short of gamma*mu_min: every worker that helps is active"),
                     mu_min=result.mu_min, mu_min_echo2=result.mu_min_echo2, target_mu=result.target_mu,
                     predicted_bubble=result.recommended.bubble_ratio,
                     predicted_usd_per_step=result.recommended.usd_per_step,

@@ -19,8 +19,8 @@ Semantics (DESIGN.md):
   would be dropped. No lease holds more than B prompts, so one worker's lease never spans a whole
   step's work (the capacity model in `plan.py` relies on this).
 - Each worker's throughput mu_i is measured here: rollouts returned / wall time its leases were out
-  (generation plus the round trips), over its last MU_WINDOW leases. Workers on standby (cost-aware activation) get no leases; they keep
-  fetching and seeding versions.
+  (generation plus the round trips), over its last MU_WINDOW leases. Workers on standby (cost-aware
+  activation) get no leases; they keep fetching and seeding versions.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from echo2cli.protocol import (
 )
 from echo2cli.tasks import Problem, Task
 
-LOGPROB_TOLERANCE = 1e-3
-MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases  # engines may round a near-certain token's log-prob slightly above 0
+LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
+MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
 
 
 @dataclass

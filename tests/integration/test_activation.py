@@ -2,8 +2,9 @@
 
 The slow worker is throttled to 0.25 rollouts/s at $0.25/h (rho = 2.8e-4 $/rollout); the fast one runs
 vLLM unthrottled at $1/h, so it is cheaper per rollout whenever it makes more than 1 rollout/s, and alone
-it covers gamma*mu_min of this small run (B = 16 rollouts per step of several seconds). Every decision the learner logs must be the one `plan()` makes from
-the measurements it logged, and a worker on standby must get no lease until a later decision wakes it.
+it covers gamma*mu_min of this small run (B = 16 rollouts per step of several seconds). Every decision
+the learner logs must be the one `plan()` makes from the measurements it logged, and a worker on standby
+must get no lease until a later decision wakes it.
 """
 
 from __future__ import annotations
