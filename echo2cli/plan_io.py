@@ -16,7 +16,8 @@ A pool file is TOML (example: examples/pool-8.toml):
     down_mbps = 1000
 
 A finished run directory gives B, S, kappa (config.json), T_train = median learner busy time per step and
-T_bcast = median per-version broadcast time (metrics.jsonl, summary.json), each worker's measured mu_i,
+T_bcast = median per-version T_ready (publish -> every worker holds it, plus the swap work; without the
+wait for a lease in progress, which the model counts itself), each worker's measured mu_i,
 lease size and declared price (summary.json), and the measured bubble ratio to compare with the model's.
 """
 
@@ -78,8 +79,9 @@ def from_run(run_dir: Path) -> dict[str, Any]:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     # v0's T_bcast includes the workers' engine start: steady state begins at v1
-    per_version = summary.get("bcast_s") or {r["bcast/version"]: r["bcast/t_s"] for r in rows
-                                              if r.get("bcast/t_s") is not None}
+    # T_ready (publish -> downloaded + swap work) is the model's T_bcast; older runs only have bcast/t_s
+    per_version = summary.get("bcast_ready_s") or summary.get("bcast_s") or {
+        r["bcast/version"]: r.get("bcast/t_ready_s", r["bcast/t_s"]) for r in rows if r.get("bcast/t_s") is not None}
     bcast = [t for v, t in per_version.items() if int(v) > 0]
     if not bcast:
         raise ConfigError(f"{run_dir}: no version's T_bcast was measured")

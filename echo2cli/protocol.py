@@ -109,6 +109,10 @@ class Heartbeat(_Msg):
     download_progress: float = Field(default=0.0, ge=0.0, le=1.0)
     tokens_per_s: float = Field(default=0.0, ge=0.0)
     upload_bytes: int = Field(default=0, ge=0, description="bytes this worker has uploaded to the swarm")
+    ready_version: int = Field(default=-1, ge=-1, description="a version fully downloaded (pieces verified), "
+                               "waiting for the lease in progress to end before it is loaded")
+    swap_s: float = Field(default=0.0, ge=0.0, description="the last swap's work: hash check or delta rebuild, "
+                          "plus the engine reload")
 
 
 class HeartbeatReply(_Msg):

@@ -129,6 +129,24 @@ def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
     assert coord.update_bcast() == [1] and coord.bcast_s[1] == 3.0
 
 
+def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
+    from echo2cli.protocol import Heartbeat, PolicyInfo
+
+    coord = make_coord(clock)
+    a, b = coord.join("a", 0.0), coord.join("b", 0.0)
+    coord.publish(PolicyInfo(version=1, info_hash="x", torrent_b64="", sha256="", size_bytes=1,
+                             published_at=clock()))
+    clock(1)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1, swap_s=0.5))  # idle: loaded it at once
+    clock(1)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, ready_version=1))  # downloaded, mid-lease
+    clock(10)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1, swap_s=0.8))  # the lease ended
+    assert coord.update_bcast() == [1]
+    assert coord.bcast_s[1] == 12.0  # publish -> the last worker generating with it
+    assert coord.ready_s[1] == 2.0 + 0.8  # publish -> the last worker holding it, plus the slowest swap
+
+
 def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
     coord = make_coord(clock, S=2, B=2)
     fresh, behind = coord.join("fresh", 0.0), coord.join("behind", 0.0)

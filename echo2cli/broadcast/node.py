@@ -168,7 +168,7 @@ class TorrentNode:
                 transfer.finished_at = time.time()
             transfer.open_gates()
 
-    def progress(self, version: int) -> float:
+    def progress(self, version: int | str) -> float:
         transfer = self.transfers.get(version)
         return float(transfer.handle.status().progress) if transfer else 0.0
 

@@ -1,7 +1,7 @@
 """Cost-aware activation inside the learner: the closed loop around `plan.py`.
 
 Every `plan_every` steps, and at once when a worker joins or dies, the learner rebuilds the plan from what
-it measured — T_train (median of the last steps), T_bcast (median of the last versions) and each worker's
+it measured — T_train (median of the last steps), T_bcast (median T_ready of the last versions) and each worker's
 mu_i (rollouts / wall time its leases were out) with the price it declared at join — and activates the
 cheapest set that reaches gamma*mu_min. The rest go on standby: no leases, but they keep fetching and
 seeding every version, so one can be activated without a download.
@@ -72,8 +72,9 @@ class Activation:
         pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
                 for w in live if w["rollouts_per_s"]]
         names = {w["worker_id"]: w["name"] for w in live}
-        # v0's T_bcast includes the workers' engine start: steady state begins at v1
-        bcast = [self.coord.bcast_s[v] for v in sorted(self.coord.bcast_s) if v > 0][-T_BCAST_WINDOW:]
+        # T_ready: T_bcast without waiting for a lease in progress (the model counts whole leases itself).
+        # v0's includes the workers' engine start: steady state begins at v1.
+        bcast = [self.coord.ready_s[v] for v in sorted(self.coord.ready_s) if v > 0][-T_BCAST_WINDOW:]
         record: dict[str, Any] = {"step": step, "time": time.time(), "reason": reason, "workers": live}
         standby: set[str] = set()
         if not self.t_train or not bcast or not pool:

@@ -89,6 +89,8 @@ class _Worker:
     returned: int = 0  # leases returned
     recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # (samples, s)
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
+    first_ready_with: dict[int, float] = field(default_factory=dict)  # downloaded, not yet loaded
+    swap_s: float = 0.0
 
 
 def _rate(recent: deque[tuple[int, float]]) -> float | None:
@@ -133,6 +135,7 @@ class Coordinator:
         self.workers: dict[str, _Worker] = {}
         self.policies: dict[int, PolicyInfo] = {}
         self.bcast_s: dict[int, float] = {}
+        self.ready_s: dict[int, float] = {}
         self.counters: Counter[str] = Counter()
 
     # -- workers -------------------------------------------------------------------------------------
@@ -159,6 +162,9 @@ class Coordinator:
             w = self.workers[hb.worker_id]
             w.downloading_version, w.download_progress = hb.downloading_version, hb.download_progress
             w.tokens_per_s, w.upload_bytes = hb.tokens_per_s, hb.upload_bytes
+            if hb.ready_version >= 0:
+                w.first_ready_with.setdefault(hb.ready_version, w.last_seen)
+            w.swap_s = hb.swap_s or w.swap_s
 
     def leave(self, worker_id: str) -> int:
         """The worker is gone: its unfinished prompts go back to the queue. Returns how many."""
@@ -347,7 +353,11 @@ class Coordinator:
             self.finished = True
 
     def update_bcast(self) -> list[int]:
-        """T_bcast(v) = publish → every active worker generating with v or newer. Returns versions newly done."""
+        """Per version v, once every active worker generates with v or newer:
+        T_bcast(v) = publish -> the last of them generating with it (`bcast_s`), and
+        T_ready(v) = publish -> the last of them holding it downloaded, plus the slowest one's swap work
+        (`ready_s`): T_bcast without the wait for a lease in progress to end — the capacity model's T_bcast,
+        since the model accounts for whole leases itself. Returns the versions newly measured."""
         with self.lock:
             active = [self.workers[w] for w in self.active_workers()]
             newly = []
@@ -357,6 +367,10 @@ class Coordinator:
                 firsts = [min((t for x, t in w.first_seen_with.items() if x >= v), default=None) for w in active]
                 if all(t is not None for t in firsts):
                     self.bcast_s[v] = max(0.0, max(firsts) - policy.published_at)
+                    ready = [min([t for x, t in w.first_ready_with.items() if x >= v] + [first])
+                             for w, first in zip(active, firsts, strict=True)]
+                    swap = max(w.swap_s for w in active)
+                    self.ready_s[v] = min(self.bcast_s[v], max(0.0, max(ready) - policy.published_at) + swap)
                     newly.append(v)
             return newly
 

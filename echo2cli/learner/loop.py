@@ -155,7 +155,8 @@ class Learner:
         if not self.coord.bcast_s:
             return {}
         v = max(self.coord.bcast_s)
-        return {"bcast/version": v, "bcast/t_s": self.coord.bcast_s[v], "bcast/upload_ratio": self.upload_ratio.get(v)}
+        return {"bcast/version": v, "bcast/t_s": self.coord.bcast_s[v], "bcast/t_ready_s": self.coord.ready_s[v],
+                "bcast/upload_ratio": self.upload_ratio.get(v)}
 
     def _delta_metrics(self, version: int) -> dict[str, Any]:
         stats = self.publisher.delta_stats.get(version)
@@ -259,6 +260,7 @@ class Learner:
             "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
             "checkpoint": str(final), "metrics": str(self.metrics.path),
             "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
+            "bcast_ready_s": {str(k): v for k, v in sorted(self.coord.ready_s.items())},
             "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
             "workers": self.coord.measured(),
         }

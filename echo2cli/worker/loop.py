@@ -51,6 +51,7 @@ class Worker:
         self._verified = -1  # version whose file SHA-256 has been checked
         self._via = "full"  # how the pending version travels: "full" torrent or "delta" + rebuild
         self._t_rebuild = 0.0
+        self._swap_s = 0.0
         self.tokens_per_s = 0.0
         self.stop = threading.Event()
         self.events: MetricsWriter | None = None
@@ -146,6 +147,7 @@ class Worker:
         })
 
     def _swap_if_ready(self) -> None:
+        t0 = time.perf_counter()
         if self.downloading is None or not self._download_done():
             return
         policy = self.downloading
@@ -153,6 +155,7 @@ class Worker:
         verified_at = self.node.transfers[key].finished_at or time.time()
         t_reload = self.engine.reload(self._vdir(policy.version))
         self.loaded, self.downloading = policy.version, None
+        self._swap_s = time.perf_counter() - t0  # hash check or rebuild, plus the reload
         self._record_load(policy, t_reload, t_swap=time.time() - verified_at)
         self.console.log(f"loaded version {policy.version} (reload {t_reload:.2f} s)")
         self._send_heartbeat()
@@ -188,12 +191,15 @@ class Worker:
 
     def _send_heartbeat(self):
         node = self.node
-        pending = self.downloading
+        pending = self.downloading  # the main thread may replace it: read once
+        progress = 0.0
+        if node and pending:
+            progress = node.progress(delta_key(pending.version) if self._via == "delta" else pending.version)
         return self.client.heartbeat(Heartbeat(
             worker_id=self.worker_id, version_loaded=self.loaded,
             downloading_version=pending.version if pending else None,
-            download_progress=node.progress(pending.version) if (node and pending) else 0.0,
-            tokens_per_s=self.tokens_per_s, upload_bytes=node.upload_bytes() if node else 0,
+            download_progress=min(1.0, progress), ready_version=pending.version if progress >= 1.0 else -1,
+            swap_s=self._swap_s, tokens_per_s=self.tokens_per_s, upload_bytes=node.upload_bytes() if node else 0,
         ))
 
     # -- main loop -----------------------------------------------------------------------------------
