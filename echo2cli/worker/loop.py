@@ -2,7 +2,8 @@
 
     join → fetch config/tokenizer (HTTP, once) → fetch the latest version (torrent) → start vLLM
     loop:  swap in a finished download (verified) → lease prompts → generate G samples each → submit
-           a newer version announced? start fetching it in the background (libtorrent threads)
+    a newer version announced (lease reply or heartbeat)? start fetching it at once, in the background
+    (libtorrent threads), so it downloads while the current lease generates
     Ctrl-C / SIGTERM / learner finished: hand back leases, leave, stop.
 
 A version is loaded only after libtorrent verified every piece and the file's SHA-256 matches the
@@ -54,6 +55,10 @@ class Worker:
         self._swap_s = 0.0
         self.tokens_per_s = 0.0
         self.stop = threading.Event()
+        # The main loop and the heartbeat thread both start fetches; this lock orders every change to
+        # `downloading`, `loaded` and the torrent session's transfers.
+        self._fetch_lock = threading.Lock()
+        self._engine_up = False
         self.events: MetricsWriter | None = None
 
     # -- versions ------------------------------------------------------------------------------------
@@ -124,12 +129,28 @@ class Worker:
         return True
 
     def _wait_download(self) -> None:
-        policy = self.downloading
-        assert policy is not None
-        while not self._download_done():
+        while True:
+            with self._fetch_lock:
+                if self._download_done():
+                    return
             if self.stop.is_set():
                 raise KeyboardInterrupt
             time.sleep(0.05)
+
+    def _maybe_fetch(self, latest: int, block: bool = True) -> None:
+        """Start fetching the newest version if it is newer than what we hold or fetch."""
+        if not self._fetch_lock.acquire(blocking=block):
+            return  # the main loop is swapping; the next heartbeat tries again
+        try:
+            if latest <= self.loaded or (self.downloading is not None and self.downloading.version >= latest):
+                return
+            if self.downloading is not None:  # a newer one superseded it: drop the old download
+                old = self.downloading.version
+                self.node.remove(old, delete_dir=self._vdir(old))
+                self.node.remove(delta_key(old), delete_dir=self.versions_dir / delta_dir_name(old))
+            self._start_fetch(self.client.policy(self.worker_id))
+        finally:
+            self._fetch_lock.release()
 
     def _record_load(self, policy: PolicyInfo, t_reload: float, t_swap: float = 0.0) -> None:
         """t_swap: from the last piece verified to the engine generating with the new weights."""
@@ -147,6 +168,10 @@ class Worker:
         })
 
     def _swap_if_ready(self) -> None:
+        with self._fetch_lock:
+            self._swap_locked()
+
+    def _swap_locked(self) -> None:
         t0 = time.perf_counter()
         if self.downloading is None or not self._download_done():
             return
@@ -186,6 +211,8 @@ class Worker:
                 reply = self._send_heartbeat()
                 if reply is not None and reply.finished:
                     self.stop.set()
+                elif reply is not None and self._engine_up:
+                    self._maybe_fetch(reply.latest_version, block=False)
             except Exception as exc:  # the main loop reports persistent failures; keep beating
                 self.console.log(f"heartbeat failed: {exc}")
 
@@ -248,20 +275,14 @@ class Worker:
             self._record_load(info.policy, 0.0)
             self._send_heartbeat()
             self.console.log(f"engine up with version {self.loaded}")
+            self._engine_up = True
             while not self.stop.is_set():
                 self._swap_if_ready()
                 resp = self.client.lease(LeaseRequest(worker_id=self.worker_id, version=self.loaded,
                                                       max_prompts=cfg.prompts_per_lease))
                 if resp.status == "finished":
                     break
-                if resp.latest_version > self.loaded and (
-                    self.downloading is None or self.downloading.version < resp.latest_version
-                ):
-                    if self.downloading is not None:  # a newer one superseded it: drop the old download
-                        old = self.downloading.version
-                        self.node.remove(old, delete_dir=self._vdir(old))
-                        self.node.remove(delta_key(old), delete_dir=self.versions_dir / delta_dir_name(old))
-                    self._start_fetch(self.client.policy(self.worker_id))
+                self._maybe_fetch(resp.latest_version)
                 if resp.status == "ok" and resp.lease is not None:
                     batch = self._generate(resp.lease)
                     result = self.client.submit(batch)
