@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
 
 from echo2cli.broadcast.tracker import Tracker, parse_announce
 from echo2cli.learner.coordinator import Coordinator
@@ -43,6 +44,15 @@ def build_app(
     target_steps: int,
 ) -> FastAPI:
     app = FastAPI(title="echo2 learner", version="1")
+    app.state.coord = coord
+
+    @app.exception_handler(RequestValidationError)
+    def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes the offending input back, and an input such as 1e400 (inf) cannot be
+        # written as JSON: that turned a client's bad body into a 500. Send location and message only.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
     tracker = Tracker()
     tracker_lock = threading.Lock()
 
@@ -51,6 +61,9 @@ def build_app(
             raise HTTPException(401, "wrong or missing token: pass --token with the learner's secret")
 
     def known(worker_id: str) -> None:
+        if coord.cut_off(worker_id):
+            raise HTTPException(403, f"worker {worker_id} was cut off after {coord.max_bad_batches} batches of "
+                                "invalid rollouts in a row")
         if not coord.known(worker_id):
             raise HTTPException(404, f"unknown worker {worker_id}: join again")
 
