@@ -95,10 +95,15 @@ class RolloutBatch(_Msg):
 
 
 class SubmitResult(_Msg):
+    """Samples admitted and rejected. `rejected` maps a reason to a sample count: stale (more than S
+    versions old), duplicate (already admitted), late (the lease expired and the prompt was leased again),
+    not_leased, version_mismatch, invalid_samples (schema-valid but wrong: lengths, token ids, log-probs)."""
+
     accepted: int = 0
     stale: int = 0
-    duplicate: int = 0
-    invalid: int = 0
+    duplicate: int = 0  # duplicate + late
+    invalid: int = 0  # not_leased + version_mismatch + invalid_samples
+    rejected: dict[str, int] = Field(default_factory=dict)
     detail: str = ""
 
 

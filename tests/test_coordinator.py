@@ -27,15 +27,17 @@ def test_each_prompt_is_trained_at_most_once(clock):
     assert again.accepted == 0 and again.duplicate == 4
 
 
-def test_expired_lease_is_leased_again_and_a_late_copy_is_a_duplicate(clock):
+def test_expired_lease_is_leased_again_and_a_late_copy_is_rejected(clock):
     coord = make_coord(clock, lease_timeout_s=10)
     wid, lease = join_and_lease(coord)
     clock(11)
     other = coord.join("other", 0.0)
     second = coord.lease(other, 0, 2).lease
     assert sorted(p.prompt_id for p in second.prompts) == sorted(p.prompt_id for p in lease.prompts)
-    assert coord.submit(batch_for(coord, wid, lease)).accepted == 4  # the slow worker finished first
-    assert coord.submit(batch_for(coord, other, second)).duplicate == 4
+    late = coord.submit(batch_for(coord, wid, lease))  # the slow worker finished after its deadline
+    assert late.accepted == 0 and late.rejected == {"late": 4}
+    assert coord.submit(batch_for(coord, other, second)).accepted == 4
+    assert coord.accounting()["expired"] == 2 and coord.accounting()["admitted"] == 2
 
 
 def test_worker_that_leaves_returns_its_prompts(clock):

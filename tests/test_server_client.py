@@ -94,3 +94,13 @@ def test_tracker_route_answers_bencoded(app):
 def _forward(http: TestClient, request: httpx.Request) -> httpx.Response:
     r = http.request(request.method, request.url.path, content=request.content, headers=dict(request.headers))
     return httpx.Response(r.status_code, content=r.content, headers=r.headers)
+
+
+def test_a_cut_off_worker_hears_why(app):
+    http = TestClient(app)
+    client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda r: _forward(http, r)))
+    info = client.join(JoinRequest(name="w"))
+    coord = app.state.coord
+    coord.workers[info.worker_id].cut_off = True
+    with pytest.raises(AuthError, match="cut off after 5 batches of invalid rollouts"):
+        client.lease(LeaseRequest(worker_id=info.worker_id, version=0))

@@ -47,6 +47,16 @@ from echo2cli.protocol import (
 from echo2cli.tasks import Problem, Task
 
 LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
+MAX_BAD_BATCHES = 5  # batches in a row with invalid data before a worker is cut off
+LEDGER_KEYS = ("leased", "admitted", "rejected", "expired", "returned", "trained", "dropped_stale")
+UNTRUSTED = {"not_leased", "version_mismatch", "invalid_samples"}  # reasons an honest worker never causes
+REJECT_DETAIL = {
+    "duplicate": "the prompt was already admitted",
+    "late": "the lease expired; the prompt was leased again",
+    "not_leased": "prompt was not leased to this worker",
+    "version_mismatch": "version does not match the lease",
+    "stale": "more than S versions behind the learner",
+}
 MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
 
 
@@ -85,6 +95,9 @@ class _Worker:
     rollouts: int = 0
     left: bool = False
     standby: bool = False
+    cut_off: bool = False
+    bad_streak: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)  # samples, by reason
     leases: int = 0
     returned: int = 0  # leases returned
     recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # (samples, s)
@@ -137,6 +150,8 @@ class Coordinator:
         self.bcast_s: dict[int, float] = {}
         self.ready_s: dict[int, float] = {}
         self.counters: Counter[str] = Counter()
+        self.ledger: Counter[str] = Counter()  # prompts: leased, admitted, rejected, expired, returned, trained...
+        self.max_bad_batches = MAX_BAD_BATCHES
 
     # -- workers -------------------------------------------------------------------------------------
 
@@ -148,6 +163,9 @@ class Coordinator:
 
     def known(self, worker_id: str) -> bool:
         return worker_id in self.workers and not self.workers[worker_id].left
+
+    def cut_off(self, worker_id: str) -> bool:
+        return worker_id in self.workers and self.workers[worker_id].cut_off
 
     def _saw(self, worker_id: str, version: int) -> None:
         w = self.workers[worker_id]
@@ -171,7 +189,7 @@ class Coordinator:
         with self.lock:
             returned = 0
             for lease_id in [k for k, ls in self.leases.items() if ls.worker_id == worker_id]:
-                returned += self._requeue_lease(lease_id)
+                returned += self._requeue_lease(lease_id, "returned")
             self.workers[worker_id].left = True
             return returned
 
@@ -220,6 +238,7 @@ class Coordinator:
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
             ids = [self._next_prompt() for _ in range(n)]
+            self.ledger["leased"] += n
             lease_id = uuid.uuid4().hex[:16]
             now = self.clock()
             self.leases[lease_id] = _Lease(worker_id, version, set(ids), now + self.lease_timeout_s, now, n)
@@ -228,8 +247,9 @@ class Coordinator:
             lease = Lease(lease_id=lease_id, version=version, prompts=items, deadline_s=self.lease_timeout_s)
             return LeaseResponse(status="ok", lease=lease, latest_version=self.version)
 
-    def _requeue_lease(self, lease_id: str) -> int:
+    def _requeue_lease(self, lease_id: str, outcome: str) -> int:
         lease = self.leases.pop(lease_id)
+        self.ledger[outcome] += len(lease.outstanding)
         back = sorted(i for i in lease.outstanding if i not in self.done)
         self.pending.extendleft(reversed(back))  # oldest prompts first
         return len(back)
@@ -239,7 +259,7 @@ class Coordinator:
             now = self.clock()
             for lease_id in [k for k, ls in self.leases.items() if ls.deadline < now]:
                 self.counters["leases_expired"] += 1
-                self._requeue_lease(lease_id)
+                self._requeue_lease(lease_id, "expired")
 
     # -- rollouts ------------------------------------------------------------------------------------
 
@@ -257,52 +277,87 @@ class Coordinator:
                 return "log-probs must be finite and <= 0"
         return ""
 
+    def _verdict(self, prompt_id: int, samples: list[Sample], leased: bool, version_ok: bool, stale: bool) -> str:
+        """'' to admit the group, else the machine-readable reason it is rejected."""
+        if prompt_id in self.done:
+            return "duplicate"
+        if not leased:
+            return "late" if prompt_id in self.problems else "not_leased"
+        if not version_ok:
+            return "version_mismatch"
+        if self._invalid_reason(samples):
+            return "invalid_samples"
+        return "stale" if stale else ""
+
     def submit(self, batch: RolloutBatch) -> SubmitResult:
+        """Admit each leased group once; reject the rest with a reason. Rejected leased prompts are leased
+        again at once. Only groups of a live lease of this worker are admitted: a copy that arrives after
+        its lease expired is 'late' (the prompt has been leased again)."""
         with self.lock:
             self._saw(batch.worker_id, -1)
-            result = SubmitResult()
+            worker = self.workers[batch.worker_id]
             lease = self.leases.get(batch.lease_id)
-            if batch.version > self.version or (lease is not None and lease.version != batch.version):
-                result.invalid = len(batch.samples)
-                result.detail = f"version {batch.version} does not match the lease"
-                self.counters["invalid_samples"] += result.invalid
-                return result
+            if lease is not None and lease.worker_id != batch.worker_id:
+                lease = None  # another worker's lease: nothing in it can be returned by this one
+            version_ok = batch.version <= self.version and (lease is None or lease.version == batch.version)
+            stale = self.version - batch.version > self.S
             by_prompt: dict[int, list[Sample]] = {}
             for s in batch.samples:
                 by_prompt.setdefault(s.prompt_id, []).append(s)
-            stale = self.version - batch.version > self.S
+            result = SubmitResult()
             for prompt_id, samples in by_prompt.items():
                 leased = lease is not None and prompt_id in lease.outstanding
-                if prompt_id in self.done:
-                    result.duplicate += len(samples)
-                elif prompt_id not in self.problems or (lease is not None and not leased):
-                    result.invalid += len(samples)
-                    result.detail = f"prompt {prompt_id} was not leased to this worker"
-                elif reason := self._invalid_reason(samples):
-                    result.invalid += len(samples)
-                    result.detail = reason
-                elif stale:
-                    result.stale += len(samples)
-                else:
+                reason = self._verdict(prompt_id, samples, leased, version_ok, stale)
+                if not reason:
                     self._accept(prompt_id, batch, samples)
                     result.accepted += len(samples)
-                if leased and prompt_id not in self.done:
+                else:
+                    result.rejected[reason] = result.rejected.get(reason, 0) + len(samples)
+                    worker.rejected[reason] += len(samples)
+                    self.counters[f"rejected_{reason}_samples"] += len(samples)
+                    if reason == "invalid_samples":
+                        result.detail = self._invalid_reason(samples)
+                    elif not result.detail:
+                        result.detail = REJECT_DETAIL[reason]
+                if leased:
                     lease.outstanding.discard(prompt_id)
-                    self.pending.appendleft(prompt_id)  # rejected: lease it again, nothing lost
-                elif leased:
-                    lease.outstanding.discard(prompt_id)
+                    self.ledger["admitted" if not reason else "rejected"] += 1
+                    if reason and prompt_id not in self.done:
+                        self.pending.appendleft(prompt_id)  # lease it again: nothing lost
+            result.stale = result.rejected.get("stale", 0)
+            result.duplicate = result.rejected.get("duplicate", 0) + result.rejected.get("late", 0)
+            result.invalid = sum(n for r, n in result.rejected.items() if r in UNTRUSTED)
+            for key in ("stale", "duplicate", "invalid"):
+                self.counters[f"{key}_samples"] += getattr(result, key)
             if lease is not None and not lease.outstanding:
                 del self.leases[batch.lease_id]
-            worker = self.workers[batch.worker_id]
-            if lease is not None and lease.worker_id == batch.worker_id:
+            if lease is not None:
                 worker.returned += 1
                 if worker.returned == 2:
                     worker.recent.clear()  # the first lease ran on a cold engine: keep it only until a second
                 worker.recent.append((len(batch.samples), self.clock() - lease.granted_at))
             worker.rollouts += result.accepted
-            for key in ("stale", "duplicate", "invalid"):
-                self.counters[f"{key}_samples"] += getattr(result, key)
+            self._judge(batch.worker_id, bad=result.invalid > 0)
             return result
+
+    def _judge(self, worker_id: str, bad: bool) -> None:
+        """Cut off a worker after `max_bad_batches` batches in a row with invalid data."""
+        w = self.workers[worker_id]
+        w.bad_streak = w.bad_streak + 1 if bad else 0
+        if w.bad_streak >= self.max_bad_batches and not w.cut_off:
+            w.cut_off = True
+            self.leave(worker_id)
+
+    def accounting(self) -> dict[str, int]:
+        """Every leased prompt is admitted, rejected (and leased again), expired, returned or outstanding:
+            leased = admitted + rejected + expired + returned + outstanding
+        and every admitted one is trained (or in training), waiting, or dropped as stale and leased again:
+            admitted = trained + waiting + dropped_stale"""
+        with self.lock:
+            ledger = {k: self.ledger[k] for k in LEDGER_KEYS}
+            ledger["outstanding"] = sum(len(ls.outstanding) for ls in self.leases.values())
+            ledger["waiting"] = len(self.ready)
+            return ledger
 
     def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample]) -> None:
         problem = self.problems[prompt_id]
@@ -325,9 +380,11 @@ class Coordinator:
                 self.done.discard(group.prompt_id)
                 self.pending.appendleft(group.prompt_id)
                 self.counters["stale_samples"] += len(group.samples)
+                self.ledger["dropped_stale"] += 1
             if len(self.ready) < self.B:
                 return None
             self.training = self.B
+            self.ledger["trained"] += self.B
             return [self.ready.popleft() for _ in range(self.B)]
 
     def advance(self, version: int) -> None:

@@ -232,6 +232,7 @@ class Learner:
                     "rollout/duplicate_total": c["duplicate_samples"],
                     "rollout/invalid_total": c["invalid_samples"],
                     "rollout/leases_expired_total": c["leases_expired"],
+                    **{f"ledger/{k}": v for k, v in self.coord.accounting().items()},
                     "workers/active": len(self.coord.active_workers()),
                     **self._bcast_metrics(),
                     **self._delta_metrics(version),

@@ -77,14 +77,12 @@ class LearnerClient:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-        if resp.status_code in (401, 403):
+        if resp.status_code == 401:
             raise AuthError(f"learner at {self.url} refused our token: pass the learner's --token")
+        if resp.status_code == 403:
+            raise AuthError(f"learner at {self.url} refused us: {_detail(resp)}")
         if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            raise ProtocolError(f"learner answered {resp.status_code} to {method} {path}: {detail}")
+            raise ProtocolError(f"learner answered {resp.status_code} to {method} {path}: {_detail(resp)}")
         return resp
 
     def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
@@ -122,3 +120,10 @@ class LearnerClient:
 
     def close(self) -> None:
         self.http.close()
+
+
+def _detail(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("detail", resp.text))
+    except (ValueError, AttributeError):
+        return resp.text

@@ -114,3 +114,11 @@ def test_final_checkpoint_and_summary_are_written(run):
     summary = json.loads((run / "summary.json").read_text())
     assert Path(summary["checkpoint"], "model.safetensors").exists()
     assert len(summary["bcast_s"]) >= 2
+
+
+def test_every_leased_prompt_is_accounted_for(run):
+    last = read_metrics(run / "metrics.jsonl")[-1]
+    a = {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("ledger/")}
+    assert a["leased"] == a["admitted"] + a["rejected"] + a["expired"] + a["returned"] + a["outstanding"], a
+    assert a["admitted"] == a["trained"] + a["waiting"] + a["dropped_stale"], a
+    assert a["trained"] == STEPS * 2  # B = 2 prompts per step

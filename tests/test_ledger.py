@@ -1,0 +1,105 @@
+"""Nothing lost, nothing trained twice: the coordinator's prompt ledger under random churn (pure logic,
+fake clock). Workers lease, submit good, bad, late and stale groups, die (leases expire) or leave,
+while the learner trains and advances versions."""
+
+from conftest import batch_for, make_coord
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo2cli.protocol import RolloutBatch, Sample
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["lease", "submit", "submit_bad", "submit_other", "tick", "leave", "join", "train"]),
+              st.integers(0, 3)),
+    min_size=1, max_size=120,
+)
+
+
+def check(coord, trained_ids):
+    a = coord.accounting()
+    assert a["leased"] == a["admitted"] + a["rejected"] + a["expired"] + a["returned"] + a["outstanding"], a
+    assert a["admitted"] == a["trained"] + a["waiting"] + a["dropped_stale"], a
+    assert len(trained_ids) == len(set(trained_ids)), "a prompt was trained twice"
+    # every prompt handed out is admitted, waiting to be leased again, or out on a lease: none is lost
+    out = {p for lease in coord.leases.values() for p in lease.outstanding}
+    assert not set(coord.problems) - coord.done - set(coord.pending) - out
+
+
+def fresh_clock():
+    now = [1000.0]
+
+    def tick(dt: float = 0.0) -> float:
+        now[0] += dt
+        return now[0]
+
+    return tick
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_ledger_balances_and_no_prompt_is_trained_twice(ops):
+    clock = fresh_clock()
+    coord = make_coord(clock, G=2, S=1, B=2, lease_timeout_s=30)
+    workers = [coord.join(f"w{i}", 0.0) for i in range(2)]
+    held: dict[str, list] = {}  # worker -> leases it holds
+    trained: list[int] = []
+    for op, k in ops:
+        wid = workers[k % len(workers)]
+        if coord.cut_off(wid) or not coord.known(wid):
+            continue
+        if op == "lease":
+            resp = coord.lease(wid, coord.version, 1 + k)
+            if resp.lease is not None:
+                held.setdefault(wid, []).append(resp.lease)
+        elif op in ("submit", "submit_bad", "submit_other") and held.get(wid):
+            lease = held[wid].pop(0)
+            if op == "submit_other":  # try to return another worker's lease
+                other = workers[(k + 1) % len(workers)]
+                coord.submit(batch_for(coord, other, lease)) if coord.known(other) else None
+            elif op == "submit_bad":
+                samples = [Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[1, 2], logprobs=[0.5])
+                           for p in lease.prompts for i in range(2)]
+                coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=lease.version,
+                                          samples=samples))
+            else:
+                coord.submit(batch_for(coord, wid, lease))
+        elif op == "tick":
+            clock(10.0 * k)  # leases of a silent worker expire after 30 s
+            coord.expire_leases()
+        elif op == "leave":
+            coord.leave(wid)
+            held.pop(wid, None)
+        elif op == "join":
+            workers.append(coord.join(f"w{len(workers)}", 0.0))
+        elif op == "train":
+            groups = coord.take_batch()
+            if groups is not None:
+                trained += [g.prompt_id for g in groups]
+                coord.advance(coord.version + 1)
+        check(coord, trained)
+
+
+def test_a_worker_that_keeps_sending_invalid_data_is_cut_off(clock):
+    coord = make_coord(clock, G=2, S=1, B=2)
+    wid = coord.join("bad", 0.0)
+    for _ in range(coord.max_bad_batches):
+        lease = coord.lease(wid, 0, 1).lease
+        samples = [Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[5000], logprobs=[-1.0])
+                   for p in lease.prompts for i in range(2)]
+        result = coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=0, samples=samples))
+        assert result.rejected == {"invalid_samples": 2} and "vocabulary" in result.detail
+    assert coord.cut_off(wid) and not coord.known(wid)
+    assert coord.workers[wid].rejected["invalid_samples"] == 2 * coord.max_bad_batches
+    a = coord.accounting()
+    assert a["leased"] == a["rejected"] + a["outstanding"] + a["returned"]  # every prompt leased again
+
+
+def test_stale_and_honest_duplicates_do_not_count_against_a_worker(clock):
+    coord = make_coord(clock, G=2, S=0, B=2)
+    wid = coord.join("honest", 0.0)
+    for _ in range(coord.max_bad_batches + 1):
+        lease = coord.lease(wid, coord.version, 2).lease
+        coord.advance(coord.version + 1)  # the learner moved on: the group is more than S=0 behind
+        assert coord.submit(batch_for(coord, wid, lease)).rejected == {"stale": 4}
+    assert not coord.cut_off(wid)
+
