@@ -56,7 +56,8 @@ def learner(
     public_url: str | None = typer.Option(None, help="URL workers should use, if not the bound one"),
     bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
     uplink_mbps: float | None = typer.Option(None, help="cap the learner's torrent upload"),
-    token: str | None = typer.Option(None, help="shared secret workers must present"),
+    token: str | None = typer.Option(None, help="join token workers must present (or ECHO2_TOKEN, or --token-file)"),
+    token_file: Path | None = typer.Option(None, help="file holding the join token"),
     checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints"),
     torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
     activation: str | None = typer.Option(None, help="cost: the cheapest workers reaching gamma*mu_min generate, "
@@ -71,7 +72,7 @@ def learner(
         model=model, task=task, out_dir=out, steps=steps, prompts_per_step=prompts_per_step,
         group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
         host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
-        token=token, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
+        token=token, token_file=token_file, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
         activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
     ), "learner")
     from echo2cli.learner.loop import Learner
@@ -104,7 +105,8 @@ def learner(
 def worker(
     join: str = typer.Option(..., "--join", help="learner URL, e.g. http://10.0.0.5:8700"),
     config: Path | None = ConfigOpt,
-    token: str | None = typer.Option(None, help="the learner's shared secret"),
+    token: str | None = typer.Option(None, help="the learner's join token (or ECHO2_TOKEN, or --token-file)"),
+    token_file: Path | None = typer.Option(None, help="file holding the join token"),
     name: str | None = typer.Option(None, help="worker name (default host-pid)"),
     work_dir: Path | None = typer.Option(None, help="where policy versions are stored"),
     prompts_per_lease: int | None = typer.Option(None, help="prompts per lease"),
@@ -120,9 +122,9 @@ def worker(
 ) -> None:
     """Join a learner, fetch policy versions from the swarm and generate rollouts with vLLM."""
     cfg = load_config(WorkerConfig, config, _flags(
-        join=join, token=token, name=name, work_dir=work_dir, prompts_per_lease=prompts_per_lease,
-        kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
-        usd_per_hour=usd_per_hour, max_rollouts_per_s=max_rollouts_per_s,
+        join=join, token=token, token_file=token_file, name=name, work_dir=work_dir,
+        prompts_per_lease=prompts_per_lease, kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen,
+        uplink_mbps=uplink_mbps, usd_per_hour=usd_per_hour, max_rollouts_per_s=max_rollouts_per_s,
     ), "worker")
     from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
 

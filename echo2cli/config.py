@@ -19,6 +19,19 @@ from echo2cli.errors import ConfigError
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    @model_validator(mode="after")
+    def _token_from_file(self) -> _Config:
+        path = getattr(self, "token_file", None)
+        if path is not None and getattr(self, "token", None) is None:
+            try:
+                token = Path(path).expanduser().read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
+            if not token:
+                raise ValueError(f"the token file {path} is empty")
+            object.__setattr__(self, "token", token)
+        return self
+
 
 class LearnerConfig(_Config):
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
@@ -43,7 +56,9 @@ class LearnerConfig(_Config):
     public_url: str | None = Field(None, description="URL workers use to reach this learner (default: bound)")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on the learner's torrent upload (0 = none)")
-    token: str | None = Field(None, description="shared secret workers must present (Bearer)")
+    token: str | None = Field(None, exclude=True, repr=False,
+                              description="join token workers must present (never written to disk or logs)")
+    token_file: Path | None = Field(None, description="read the join token from this file instead")
     lease_timeout_s: float = Field(120.0, gt=0.0, description="unfinished prompts are leased again after this")
     heartbeat_s: float = Field(2.0, gt=0.0, description="worker heartbeat period; 3 missed = inactive")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
@@ -70,7 +85,8 @@ class LearnerConfig(_Config):
 
 class WorkerConfig(_Config):
     join: str = Field(description="learner URL, e.g. http://10.0.0.5:8700")
-    token: str | None = Field(None, description="the learner's shared secret")
+    token: str | None = Field(None, exclude=True, repr=False, description="the learner's join token")
+    token_file: Path | None = Field(None, description="read the join token from this file instead")
     name: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
     work_dir: Path | None = Field(None, description="where versions are stored (default: ~/.cache/echo2/workers/NAME)")
     prompts_per_lease: int = Field(4, ge=1, le=256, description="prompts asked for per lease")

@@ -42,6 +42,8 @@ class JoinRequest(_Msg):
 
 class JoinResponse(_Msg):
     worker_id: str
+    session_token: str = Field(description="this worker's own Bearer token for every later call")
+    tracker_key: str = Field(description="this worker's key for the tracker: announce to /announce/{key}")
     run_id: str
     task: str
     group_size: int = Field(description="G: samples per prompt")

@@ -2,8 +2,9 @@
 the server must never answer 5xx to client input.
 
 Schemathesis generates request bodies, paths and queries from `/openapi.json` (property-based, via
-hypothesis). Half of the generated bodies get a real worker id, so requests reach the coordinator instead of
-stopping at the unknown-worker check. The app runs in process with a real coordinator (fake tokenizer).
+hypothesis). Most generated bodies get a real worker id and that worker's session token, so requests reach
+the coordinator instead of stopping at the credential checks. The app runs in process with a real
+coordinator (fake tokenizer).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from echo2cli.protocol import PolicyInfo
 TOKEN = "s3cret"
 JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
                  heartbeat_s=2.0, model_files=["config.json"])
-EXAMPLES_PER_OPERATION = 150  # x 8 operations: >= 1,000 requests per run
+EXAMPLES_PER_OPERATION = 150  # x 9 operations: about 1,700 requests per run (at least 1,000 asserted)
 SEEN: Counter[str] = Counter()
 
 
@@ -41,9 +42,9 @@ def make_app(model_dir: Path):
 def api(tmp_path_factory):
     app = make_app(tmp_path_factory.mktemp("model"))
     http = TestClient(app, raise_server_exceptions=False)
-    worker_ids = [http.post("/v1/join", json={"name": f"w{i}"}, headers={"Authorization": f"Bearer {TOKEN}"})
-                  .json()["worker_id"] for i in range(2)]
-    return app, worker_ids
+    joined = [http.post("/v1/join", json={"name": f"w{i}"}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+              for i in range(2)]
+    return app, joined
 
 
 # the schema is read at import (collection) time; the app it comes from is only asked for /openapi.json
@@ -55,12 +56,16 @@ RNG = random.Random(0)
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None,
           suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_generated_request_gets_a_server_error(case, api):
-    app, worker_ids = api
-    if isinstance(case.body, dict) and "worker_id" in case.body and RNG.random() < 0.5:
-        case.body["worker_id"] = RNG.choice(worker_ids)
+    app, joined = api
+    me = RNG.choice(joined)
+    token = RNG.choice([TOKEN, me["session_token"], me["session_token"]])
+    if isinstance(case.body, dict) and "worker_id" in case.body and RNG.random() < 0.7:
+        case.body["worker_id"] = me["worker_id"]
     if case.query and "worker_id" in case.query and RNG.random() < 0.5:
-        case.query["worker_id"] = RNG.choice(worker_ids)
-    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {TOKEN}"}
+        case.query["worker_id"] = me["worker_id"]
+    if case.path_parameters and "key" in case.path_parameters and RNG.random() < 0.5:
+        case.path_parameters["key"] = me["tracker_key"]
+    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
     response = case.call(app=app)
     SEEN[f"{case.method} {case.path}"] += 1
     assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
@@ -68,6 +73,7 @@ def test_no_generated_request_gets_a_server_error(case, api):
 
 def test_the_fuzzer_sent_at_least_1000_requests():
     # runs after the parametrized test in file order
+    print(f"fuzzed requests: {sum(SEEN.values())}")
     assert sum(SEEN.values()) >= 1000, SEEN
 
 
@@ -84,17 +90,22 @@ HOSTILE = [
     ("post", "/v1/leave", b"worker_id=a", "application/x-www-form-urlencoded"),
     ("get", "/v1/model/files/..%2F..%2Fetc%2Fpasswd", b"", ""),
     ("get", "/v1/model/files/%00", b"", ""),
-    ("get", "/announce?info_hash=%ZZ&port=abc&left=-1", b"", ""),
-    ("get", "/announce?" + "&".join(f"k{i}=v" for i in range(2000)), b"", ""),
+    ("get", "/announce/{key}?info_hash=%ZZ&port=abc&left=-1", b"", ""),
+    ("get", "/announce/{key}?" + "&".join(f"k{i}=v" for i in range(2000)), b"", ""),
+    ("get", "/announce/{key}", b"", ""),
+    ("get", "/announce/%ff%fe", b"", ""),
     ("get", "/announce", b"", ""),
 ]
 
 
 @pytest.mark.parametrize("method, path, body, content_type", HOSTILE)
 def test_hostile_requests_get_a_4xx_not_a_crash(api, method, path, body, content_type):
-    app, _ = api
+    app, joined = api
     http = TestClient(app, raise_server_exceptions=False)
-    headers = {"Authorization": f"Bearer {TOKEN}", **({"Content-Type": content_type} if content_type else {})}
-    response = http.request(method, path, content=body or None, headers=headers)
+    headers = {"Authorization": f"Bearer {joined[0]['session_token']}",
+               **({"Content-Type": content_type} if content_type else {})}
+    body = body.replace(b'"a"', f'"{joined[0]["worker_id"]}"'.encode())  # a real worker: past the auth check
+    response = http.request(method, path.replace("{key}", joined[0]["tracker_key"]), content=body or None,
+                            headers=headers)
     assert response.status_code < 500, response.text[:300]
     assert http.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # still serving

@@ -82,13 +82,39 @@ def test_client_does_not_retry_4xx():
 def test_malformed_rollout_body_is_422(app):
     http = TestClient(app)
     r = http.post("/v1/rollouts", json={"worker_id": "x"}, headers={"Authorization": "Bearer s3cret"})
-    assert r.status_code == 422
+    assert r.status_code == 422  # the body is checked before the credentials of the worker it names
 
 
-def test_tracker_route_answers_bencoded(app):
-    r = TestClient(app).get("/announce?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01"
-                            "&peer_id=aaaaaaaaaaaaaaaaaaaa&port=1234")
+ANNOUNCE_QUERY = ("?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01"
+                  "&peer_id=aaaaaaaaaaaaaaaaaaaa&port=1234")
+
+
+def test_tracker_serves_joined_peers_only(app):
+    http = TestClient(app)
+    info = http.post("/v1/join", json={"name": "w"}, headers={"Authorization": "Bearer s3cret"}).json()
+    r = http.get(f"/announce/{info['tracker_key']}{ANNOUNCE_QUERY}")
     assert r.status_code == 200 and r.content.startswith(b"d") and b"peers" in r.content
+    for path in (f"/announce/not-a-key{ANNOUNCE_QUERY}", f"/announce{ANNOUNCE_QUERY}"):
+        r = http.get(path)
+        assert b"peers" not in r.content and r.status_code in (200, 404)
+    assert b"not a joined peer" in http.get(f"/announce/nope{ANNOUNCE_QUERY}").content
+
+
+def test_calls_as_a_worker_need_that_workers_own_session_token(app):
+    http = TestClient(app)
+    join = lambda name: http.post("/v1/join", json={"name": name},  # noqa: E731
+                                  headers={"Authorization": "Bearer s3cret"}).json()
+    a, b = join("a"), join("b")
+    assert a["session_token"] != b["session_token"] and len(a["session_token"]) >= 32
+    lease = {"worker_id": a["worker_id"], "version": 0, "max_prompts": 1}
+    assert http.post("/v1/lease", json=lease, headers={"Authorization": "Bearer s3cret"}).status_code == 401
+    r = http.post("/v1/lease", json=lease, headers={"Authorization": f"Bearer {b['session_token']}"})
+    assert r.status_code == 403 and "another worker" in r.json()["detail"]
+    assert http.post("/v1/lease", json=lease,
+                     headers={"Authorization": f"Bearer {a['session_token']}"}).status_code == 200
+    # read-only calls take the join token or a session token, nothing else
+    assert http.get("/v1/status", headers={"Authorization": f"Bearer {a['session_token']}"}).status_code == 200
+    assert http.get("/v1/status", headers={"Authorization": "Bearer guess"}).status_code == 401
 
 
 def _forward(http: TestClient, request: httpx.Request) -> httpx.Response:

@@ -193,3 +193,13 @@ def test_version_torrent_is_a_standard_bep3_and_bep52_torrent(version):
     piece_len, data = info[b"piece length"], (vdir / WEIGHTS_FILE).read_bytes()
     hashes = [hashlib.sha1(data[i : i + piece_len]).digest() for i in range(0, len(data), piece_len)]
     assert info[b"pieces"] == b"".join(hashes)  # BEP 3 v1 piece hashes over the file
+
+
+def test_a_node_with_a_tracker_key_announces_to_its_own_url(version, tmp_path):
+    vdir, torrent = version
+    node = TorrentNode("127.0.0.1:0", tracker_key="k3y")
+    try:
+        transfer = node.seed(1, torrent.data, vdir.parent)
+        assert [t["url"] for t in transfer.handle.trackers()] == ["http://127.0.0.1:9/announce/k3y"]
+    finally:
+        node.close()

@@ -63,3 +63,28 @@ def test_kappa_must_leave_room_in_the_staleness_window():
 def test_worker_needs_a_learner_url():
     with pytest.raises(ConfigError, match="join"):
         load_config(WorkerConfig, None, {}, "worker")
+
+
+def test_token_is_read_from_a_file_and_never_written_out(tmp_path):
+    from echo2cli.config import LearnerConfig, WorkerConfig, load_config
+
+    secret = tmp_path / "token"
+    secret.write_text("  hunter2-long-secret\n")
+    cfg = load_config(LearnerConfig, None, {"token_file": secret}, "learner")
+    assert cfg.token == "hunter2-long-secret"
+    assert "hunter2" not in cfg.model_dump_json() and "hunter2" not in repr(cfg)
+    worker = load_config(WorkerConfig, None, {"join": "http://x", "token_file": secret}, "worker")
+    assert worker.token == "hunter2-long-secret" and "hunter2" not in worker.model_dump_json()
+
+
+def test_missing_or_empty_token_file_is_a_clear_error(tmp_path):
+    import pytest
+
+    from echo2cli.config import LearnerConfig, load_config
+    from echo2cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot read the token file"):
+        load_config(LearnerConfig, None, {"token_file": tmp_path / "nope"}, "learner")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(LearnerConfig, None, {"token_file": tmp_path / "empty"}, "learner")

@@ -75,11 +75,14 @@ def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
 
 class TorrentNode:
     def __init__(
-        self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0, download_limit_bytes_s: int = 0
+        self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0, download_limit_bytes_s: int = 0,
+        tracker_key: str = "",
     ) -> None:
+        """`tracker_key`: announce to `<the torrent's tracker URL>/<key>` (echo2's tracker wants it)."""
         import libtorrent as lt
 
         self._lt = lt
+        self.tracker_key = tracker_key
         settings = {
             "listen_interfaces": listen,
             "enable_dht": False,
@@ -128,6 +131,10 @@ class TorrentNode:
             params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
         save_path.mkdir(parents=True, exist_ok=True)
         transfer = Transfer(version, self.session.add_torrent(params), save_path)
+        if self.tracker_key:  # the learner's tracker serves only joined peers: announce with our key
+            urls = [t.url.rstrip("/") for t in params.ti.trackers()]
+            if urls:
+                transfer.handle.replace_trackers([lt.announce_entry(f"{u}/{self.tracker_key}") for u in urls])
         if slot is not None and slot[1] > 1 and not seed:
             transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
             transfer.handle.prioritize_pieces(transfer.priorities)

@@ -26,6 +26,7 @@ Semantics (DESIGN.md):
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import time
 import uuid
@@ -87,6 +88,8 @@ class _Worker:
     name: str
     usd_per_hour: float
     last_seen: float
+    session_token: str = ""
+    tracker_key: str = ""
     version_loaded: int = -1
     downloading_version: int | None = None
     download_progress: float = 0.0
@@ -104,6 +107,11 @@ class _Worker:
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
     first_ready_with: dict[int, float] = field(default_factory=dict)  # downloaded, not yet loaded
     swap_s: float = 0.0
+
+
+def same_secret(a: str, b: str) -> bool:
+    """Constant-time comparison that takes any text (a client may send non-ASCII)."""
+    return secrets.compare_digest(a.encode(), b.encode())
 
 
 def _rate(recent: deque[tuple[int, float]]) -> float | None:
@@ -152,14 +160,30 @@ class Coordinator:
         self.counters: Counter[str] = Counter()
         self.ledger: Counter[str] = Counter()  # prompts: leased, admitted, rejected, expired, returned, trained...
         self.max_bad_batches = MAX_BAD_BATCHES
+        self.learner_tracker_key = secrets.token_hex(16)
 
     # -- workers -------------------------------------------------------------------------------------
 
     def join(self, name: str, usd_per_hour: float) -> str:
         with self.lock:
             worker_id = uuid.uuid4().hex[:12]
-            self.workers[worker_id] = _Worker(name, usd_per_hour, self.clock())
+            self.workers[worker_id] = _Worker(name, usd_per_hour, self.clock(), session_token=secrets.token_urlsafe(24),
+                                              tracker_key=secrets.token_hex(16))
             return worker_id
+
+    def session_owner(self, token: str) -> str | None:
+        """The worker a session token belongs to (a worker that left or was cut off has none)."""
+        with self.lock:
+            for wid, w in self.workers.items():
+                if not w.left and same_secret(w.session_token, token):
+                    return wid
+            return None
+
+    def tracker_key_ok(self, key: str) -> bool:
+        """The tracker serves the learner's own node and workers that joined and have not left."""
+        with self.lock:
+            return same_secret(key, self.learner_tracker_key) or any(
+                not w.left and same_secret(w.tracker_key, key) for w in self.workers.values())
 
     def known(self, worker_id: str) -> bool:
         return worker_id in self.workers and not self.workers[worker_id].left

@@ -119,7 +119,8 @@ class Learner:
         self.sock = bind_socket(cfg.host, cfg.port)
         host, port = self.sock.getsockname()[:2]
         self.url = cfg.public_url or f"http://{host}:{port}"
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000))
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
+                                tracker_key=self.coord.learner_tracker_key)
         self.publisher = Publisher(
             self.trainer, self.node, self.coord, self.out / "versions", f"{self.url}/announce",
             keep=cfg.staleness + 1,

@@ -1,7 +1,14 @@
 """The learner's HTTP API (`/v1/...`) and BitTorrent tracker (`/announce`), as one FastAPI app.
 
-Handlers are thin: they check the token, validate the body with the shared `protocol` models and call
-the `Coordinator`. 401 = wrong or missing token; 404 = unknown worker (join again); 422 = malformed body.
+Handlers are thin: they check credentials, validate the body with the shared `protocol` models and call
+the `Coordinator`.
+
+Credentials: joining needs the learner's join token (when it has one); the join returns the worker's own
+session token, which every call made as that worker must carry (Bearer), and a tracker key, which the
+worker's torrent client puts in its announce URL (`/announce/{key}`). Read-only calls (status, policy,
+model files) take the join token or any live session token.
+401 = wrong or missing token; 403 = a token for another worker, or a worker cut off for invalid data;
+404 = unknown worker (join again); 422 = malformed body.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 
-from echo2cli.broadcast.tracker import Tracker, parse_announce
-from echo2cli.learner.coordinator import Coordinator
+from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
+from echo2cli.learner.coordinator import Coordinator, same_secret
 from echo2cli.protocol import (
     API,
     Heartbeat,
@@ -56,56 +63,75 @@ def build_app(
     tracker = Tracker()
     tracker_lock = threading.Lock()
 
-    def auth(authorization: str | None = Header(default=None)) -> None:
-        if token is not None and authorization != f"Bearer {token}":
-            raise HTTPException(401, "wrong or missing token: pass --token with the learner's secret")
+    def bearer(authorization: str | None) -> str:
+        return authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
 
-    def known(worker_id: str) -> None:
+    def join_auth(authorization: str | None = Header(default=None)) -> None:
+        """Joining needs the learner's shared join token, when it has one."""
+        if token is not None and not same_secret(bearer(authorization), token):
+            raise HTTPException(401, "wrong or missing join token: pass --token (or ECHO2_TOKEN, or --token-file) "
+                                "with the learner's secret")
+
+    def reader_auth(authorization: str | None = Header(default=None)) -> None:
+        """Read-only calls: the join token or any live session token."""
+        presented = bearer(authorization)
+        if token is not None and same_secret(presented, token):
+            return
+        if token is not None and coord.session_owner(presented) is None:
+            raise HTTPException(401, "wrong or missing token: pass the learner's join token, or join first")
+
+    def worker_auth(worker_id: str, authorization: str | None) -> None:
+        """Calls made as a worker: its own session token (from join), and nobody else's."""
         if coord.cut_off(worker_id):
             raise HTTPException(403, f"worker {worker_id} was cut off after {coord.max_bad_batches} batches of "
                                 "invalid rollouts in a row")
         if not coord.known(worker_id):
             raise HTTPException(404, f"unknown worker {worker_id}: join again")
+        owner = coord.session_owner(bearer(authorization))
+        if owner is None:
+            raise HTTPException(401, "wrong or missing session token: use the one /v1/join returned (join again)")
+        if owner != worker_id:
+            raise HTTPException(403, f"this session token belongs to another worker, not {worker_id}")
 
-    guarded = [Depends(auth)]
-
-    @app.post(f"{API}/join", dependencies=guarded)
+    @app.post(f"{API}/join", dependencies=[Depends(join_auth)])
     def join(req: JoinRequest) -> JoinResponse:
         worker_id = coord.join(req.name, req.usd_per_hour)
-        return JoinResponse(worker_id=worker_id, run_id=run_id, policy=coord.latest_policy(worker_id), **join_info)
+        w = coord.workers[worker_id]
+        return JoinResponse(worker_id=worker_id, session_token=w.session_token, tracker_key=w.tracker_key,
+                            run_id=run_id, policy=coord.latest_policy(worker_id), **join_info)
 
-    @app.get(f"{API}/model/files/{{name}}", dependencies=guarded)
+    @app.get(f"{API}/model/files/{{name}}", dependencies=[Depends(reader_auth)])
     def model_file(name: str) -> FileResponse:
         if name not in model_files:
             raise HTTPException(404, f"no model file {name!r}")
         return FileResponse(model_dir / name)
 
-    @app.post(f"{API}/lease", dependencies=guarded)
-    def lease(req: LeaseRequest) -> LeaseResponse:
-        known(req.worker_id)
+    @app.post(f"{API}/lease")
+    def lease(req: LeaseRequest, authorization: str | None = Header(default=None)) -> LeaseResponse:
+        worker_auth(req.worker_id, authorization)
         return coord.lease(req.worker_id, req.version, req.max_prompts)
 
-    @app.post(f"{API}/rollouts", dependencies=guarded)
-    def rollouts(batch: RolloutBatch) -> SubmitResult:
-        known(batch.worker_id)
+    @app.post(f"{API}/rollouts")
+    def rollouts(batch: RolloutBatch, authorization: str | None = Header(default=None)) -> SubmitResult:
+        worker_auth(batch.worker_id, authorization)
         return coord.submit(batch)
 
-    @app.post(f"{API}/heartbeat", dependencies=guarded)
-    def heartbeat(hb: Heartbeat) -> HeartbeatReply:
-        known(hb.worker_id)
+    @app.post(f"{API}/heartbeat")
+    def heartbeat(hb: Heartbeat, authorization: str | None = Header(default=None)) -> HeartbeatReply:
+        worker_auth(hb.worker_id, authorization)
         coord.heartbeat(hb)
         return HeartbeatReply(latest_version=coord.latest_policy().version, finished=coord.finished)
 
-    @app.post(f"{API}/leave", dependencies=guarded)
-    def leave(req: LeaveRequest) -> dict:
-        known(req.worker_id)
+    @app.post(f"{API}/leave")
+    def leave(req: LeaveRequest, authorization: str | None = Header(default=None)) -> dict:
+        worker_auth(req.worker_id, authorization)
         return {"returned_prompts": coord.leave(req.worker_id)}
 
-    @app.get(f"{API}/policy", dependencies=guarded)
+    @app.get(f"{API}/policy", dependencies=[Depends(reader_auth)])
     def policy(worker_id: str | None = None) -> PolicyInfo:
         return coord.latest_policy(worker_id)
 
-    @app.get(f"{API}/status", dependencies=guarded)
+    @app.get(f"{API}/status", dependencies=[Depends(reader_auth)])
     def status() -> Status:
         return Status(
             run_id=run_id,
@@ -117,8 +143,12 @@ def build_app(
             last_metrics=status_extra(),
         )
 
-    @app.get("/announce")
-    def announce(request: Request) -> Response:
+    @app.get("/announce/{key}")
+    def announce(key: str, request: Request) -> Response:
+        """The tracker serves only the learner's node and joined workers, each announcing with its key."""
+        if not coord.tracker_key_ok(key):
+            return Response(bencode({"failure reason": "not a joined peer: join the learner first"}),
+                            media_type="text/plain")
         query = parse_announce(request.scope.get("query_string", b""))
         remote = request.client.host if request.client else "127.0.0.1"
         with tracker_lock:

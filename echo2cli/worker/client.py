@@ -93,7 +93,10 @@ class LearnerClient:
             raise ProtocolError(f"unexpected answer from {path}: {exc}") from exc
 
     def join(self, req: JoinRequest) -> JoinResponse:
-        return self._call("POST", "/join", req, JoinResponse)
+        """Join with the learner's join token; every later call carries the session token this returns."""
+        info = self._call("POST", "/join", req, JoinResponse)
+        self.http.headers["Authorization"] = f"Bearer {info.session_token}"
+        return info
 
     def lease(self, req: LeaseRequest) -> LeaseResponse:
         return self._call("POST", "/lease", req, LeaseResponse)

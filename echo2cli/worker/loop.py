@@ -260,7 +260,8 @@ class Worker:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.events = MetricsWriter(self.work_dir / "events.jsonl")
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000))
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
+                                tracker_key=info.tracker_key)
         stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0}
         standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
