@@ -38,6 +38,13 @@ class PolicyInfo(_Msg):
 class JoinRequest(_Msg):
     name: str = Field(max_length=128, description="human-readable worker name")
     usd_per_hour: float = Field(default=0.0, ge=0.0, description="price of this worker, for cost reports")
+    echo2_version: str = Field(default="", max_length=32, description="the worker's echo2 version; "
+                               "the learner refuses another major.minor (409)")
+
+
+def compatible(a: str, b: str) -> bool:
+    """Same major.minor: the wire protocol may change between minor versions while echo2 is 0.x."""
+    return a.split(".")[:2] == b.split(".")[:2]
 
 
 class JoinResponse(_Msg):

@@ -20,6 +20,7 @@ from conftest import make_coord
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
+from echo2cli import __version__
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import PolicyInfo
 
@@ -42,7 +43,8 @@ def make_app(model_dir: Path):
 def api(tmp_path_factory):
     app = make_app(tmp_path_factory.mktemp("model"))
     http = TestClient(app, raise_server_exceptions=False)
-    joined = [http.post("/v1/join", json={"name": f"w{i}"}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    joined = [http.post("/v1/join", json={"name": f"w{i}", "echo2_version": __version__}, headers=auth).json()
               for i in range(2)]
     return app, joined
 

@@ -5,6 +5,7 @@ import pytest
 from conftest import make_coord
 from fastapi.testclient import TestClient
 
+from echo2cli import __version__
 from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import JoinRequest, LeaseRequest, PolicyInfo
@@ -25,8 +26,9 @@ def app(clock, tmp_path):
 
 def test_wrong_token_is_401_and_the_client_says_what_to_do(app):
     http = TestClient(app)
-    assert http.post("/v1/join", json={"name": "w"}).status_code == 401
-    assert http.post("/v1/join", json={"name": "w"}, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert http.post("/v1/join", json={"name": "w", "echo2_version": __version__}).status_code == 401
+    assert http.post("/v1/join", json={"name": "w", "echo2_version": __version__},
+                     headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
 def test_join_lease_round_trip_through_the_client(app):
@@ -91,7 +93,8 @@ ANNOUNCE_QUERY = ("?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%0
 
 def test_tracker_serves_joined_peers_only(app):
     http = TestClient(app)
-    info = http.post("/v1/join", json={"name": "w"}, headers={"Authorization": "Bearer s3cret"}).json()
+    info = http.post("/v1/join", json={"name": "w", "echo2_version": __version__},
+                     headers={"Authorization": "Bearer s3cret"}).json()
     r = http.get(f"/announce/{info['tracker_key']}{ANNOUNCE_QUERY}")
     assert r.status_code == 200 and r.content.startswith(b"d") and b"peers" in r.content
     for path in (f"/announce/not-a-key{ANNOUNCE_QUERY}", f"/announce{ANNOUNCE_QUERY}"):
@@ -102,7 +105,7 @@ def test_tracker_serves_joined_peers_only(app):
 
 def test_calls_as_a_worker_need_that_workers_own_session_token(app):
     http = TestClient(app)
-    join = lambda name: http.post("/v1/join", json={"name": name},  # noqa: E731
+    join = lambda name: http.post("/v1/join", json={"name": name, "echo2_version": __version__},  # noqa: E731
                                   headers={"Authorization": "Bearer s3cret"}).json()
     a, b = join("a"), join("b")
     assert a["session_token"] != b["session_token"] and len(a["session_token"]) >= 32
@@ -130,3 +133,14 @@ def test_a_cut_off_worker_hears_why(app):
     coord.workers[info.worker_id].cut_off = True
     with pytest.raises(AuthError, match="cut off after 5 batches of invalid rollouts"):
         client.lease(LeaseRequest(worker_id=info.worker_id, version=0))
+
+
+def test_a_worker_of_another_echo2_version_is_refused_with_one_line(app):
+    http = TestClient(app)
+    r = http.post("/v1/join", json={"name": "old", "echo2_version": "0.0.9"},
+                  headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 409 and "install the same version on both" in r.json()["detail"]
+    client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda q: _forward(http, q)))
+    with pytest.raises(ProtocolError, match="refused us: worker runs echo2 0.0.9"):
+        client.join(JoinRequest(name="old", echo2_version="0.0.9"))
+    assert client.join(JoinRequest(name="current")).worker_id  # the client sends its own version

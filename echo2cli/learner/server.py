@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 
+from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
 from echo2cli.learner.coordinator import Coordinator, same_secret
 from echo2cli.protocol import (
@@ -36,6 +37,7 @@ from echo2cli.protocol import (
     RolloutBatch,
     Status,
     SubmitResult,
+    compatible,
 )
 
 
@@ -95,6 +97,9 @@ def build_app(
 
     @app.post(f"{API}/join", dependencies=[Depends(join_auth)])
     def join(req: JoinRequest) -> JoinResponse:
+        if not compatible(req.echo2_version, __version__):
+            raise HTTPException(409, f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner "
+                                f"{__version__}: install the same version on both")
         worker_id = coord.join(req.name, req.usd_per_hour)
         w = coord.workers[worker_id]
         return JoinResponse(worker_id=worker_id, session_token=w.session_token, tracker_key=w.tracker_key,

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
+from echo2cli import __version__
 from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
 from echo2cli.protocol import (
     API,
@@ -81,6 +82,8 @@ class LearnerClient:
             raise AuthError(f"learner at {self.url} refused our token: pass the learner's --token")
         if resp.status_code == 403:
             raise AuthError(f"learner at {self.url} refused us: {_detail(resp)}")
+        if resp.status_code == 409:
+            raise ProtocolError(f"learner at {self.url} refused us: {_detail(resp)}")
         if resp.status_code >= 400:
             raise ProtocolError(f"learner answered {resp.status_code} to {method} {path}: {_detail(resp)}")
         return resp
@@ -94,6 +97,8 @@ class LearnerClient:
 
     def join(self, req: JoinRequest) -> JoinResponse:
         """Join with the learner's join token; every later call carries the session token this returns."""
+        if not req.echo2_version:
+            req = req.model_copy(update={"echo2_version": __version__})
         info = self._call("POST", "/join", req, JoinResponse)
         self.http.headers["Authorization"] = f"Bearer {info.session_token}"
         return info
