@@ -97,9 +97,6 @@ def simulate(
         nonlocal training, stale_dropped, idle_since
         if training or len(step_starts) >= steps:
             return
-        while ready and version - ready[0] > S:  # oldest first, so stale groups sit at the front
-            ready.popleft()
-            stale_dropped += 1
         for x in [x for x in ready if version - x > S]:
             ready.remove(x)
             stale_dropped += 1

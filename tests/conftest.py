@@ -5,8 +5,8 @@ from echo2cli.protocol import RolloutBatch, Sample
 from echo2cli.tasks.arithmetic import ArithmeticTask
 
 
-@pytest.fixture
-def clock():
+def make_clock():
+    """A fake clock: `tick()` reads it, `tick(dt)` advances it by dt seconds."""
     now = [1000.0]
 
     def tick(dt: float = 0.0) -> float:
@@ -14,6 +14,11 @@ def clock():
         return now[0]
 
     return tick
+
+
+@pytest.fixture
+def clock():
+    return make_clock()
 
 
 def make_coord(clock, *, G=2, S=1, B=2, lease_timeout_s=60.0) -> Coordinator:

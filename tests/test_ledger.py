@@ -2,7 +2,7 @@
 fake clock). Workers lease, submit good, bad, late and stale groups, die (leases expire) or leave,
 while the learner trains and advances versions."""
 
-from conftest import batch_for, make_coord
+from conftest import batch_for, make_clock, make_coord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,20 +25,10 @@ def check(coord, trained_ids):
     assert not set(coord.problems) - coord.done - set(coord.pending) - out
 
 
-def fresh_clock():
-    now = [1000.0]
-
-    def tick(dt: float = 0.0) -> float:
-        now[0] += dt
-        return now[0]
-
-    return tick
-
-
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_ledger_balances_and_no_prompt_is_trained_twice(ops):
-    clock = fresh_clock()
+    clock = make_clock()  # hypothesis runs many examples per test: a fresh clock for each
     coord = make_coord(clock, G=2, S=1, B=2, lease_timeout_s=30)
     workers = [coord.join(f"w{i}", 0.0) for i in range(2)]
     held: dict[str, list] = {}  # worker -> leases it holds

@@ -43,10 +43,10 @@ class Activation:
     def observe_step(self, t_train_s: float) -> None:
         self.t_train.append(t_train_s)
 
-    def _reason(self, step: int) -> str | None:
-        members = frozenset(self.coord.active_workers())
-        measured = frozenset(w["worker_id"] for w in self.coord.measured() if w["rollouts_per_s"] is not None)
-        names = {w["worker_id"]: w["name"] for w in self.coord.measured()}
+    def _reason(self, step: int, workers: list[dict]) -> str | None:
+        members = frozenset(w["worker_id"] for w in workers if w["active"])
+        measured = frozenset(w["worker_id"] for w in workers if w["rollouts_per_s"] is not None)
+        names = {w["worker_id"]: w["name"] for w in workers}
         reason = None
         if members != self.members:
             joined = sorted(names[w] for w in members - self.members)
@@ -64,11 +64,12 @@ class Activation:
         """Re-plan if it is time or the fleet changed; returns the decision record when one was made."""
         if self.cfg.activation != "cost":
             return None
-        reason = self._reason(step)
+        workers = self.coord.measured()  # one snapshot: this runs every poll of the learner's wait loop
+        reason = self._reason(step, workers)
         if reason is None:
             return None
         self.last_step = step
-        live = [w for w in self.coord.measured() if w["active"]]
+        live = [w for w in workers if w["active"]]
         pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
                 for w in live if w["rollouts_per_s"]]
         names = {w["worker_id"]: w["name"] for w in live}

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from procs import finish, spawn, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
@@ -26,10 +23,6 @@ pytestmark = pytest.mark.integration
 
 STEPS = 8
 
-
-def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +36,7 @@ def run(tmp_path_factory):
         out / "learner.log",
         env={"ECHO2_PLAN_EVERY": "1"},
     )
-    deadline = time.time() + 300
-    while not (out / "learner.json").exists():
-        assert learner.poll() is None, (out / "learner.log").read_text()[-3000:]
-        assert time.time() < deadline, "learner did not start"
-        time.sleep(0.5)
+    wait_listening(learner, out)
     url = f"http://127.0.0.1:{port}"
     specs = {"cheap-slow": ["--usd-per-hour", "0.25", "--max-rollouts-per-s", "0.25"],
              "pricey-fast": ["--usd-per-hour", "1.0"]}
@@ -57,15 +46,7 @@ def run(tmp_path_factory):
               out / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
         for i, (name, extra) in enumerate(specs.items())
     ]
-    try:
-        learner.wait(timeout=900)
-        for w in workers:
-            w.wait(timeout=120)
-    finally:
-        for p in [learner, *workers]:
-            if p.poll() is None:
-                p.kill()
-    assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
+    finish(learner, workers, out)
     return out
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from procs import finish, spawn, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
@@ -29,10 +27,6 @@ REQUIRED_KEYS = {
 }
 
 
-def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -45,26 +39,14 @@ def run(tmp_path_factory):
         out / "learner.log",
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while not (out / "learner.json").exists():
-        assert learner.poll() is None, (out / "learner.log").read_text()[-3000:]
-        assert time.time() < deadline, "learner did not start"
-        time.sleep(0.5)
+    wait_listening(learner, out)
     workers = [
         spawn(["worker", "--join", url, "--token", "t0k3n", "--name", f"w{i}", "--work-dir", str(out / f"w{i}"),
                "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5"],
               out / f"worker{i}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
         for i in range(2)
     ]
-    try:
-        learner.wait(timeout=900)
-        for w in workers:
-            w.wait(timeout=120)
-    finally:
-        for p in [learner, *workers]:
-            if p.poll() is None:
-                p.kill()
-    assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
+    finish(learner, workers, out)
     return out
 
 

@@ -1,0 +1,37 @@
+"""Real processes for the integration tests: spawn `python -m echo2cli ...`, wait for the learner to
+listen, wait for the run to end (killing whatever is left)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def wait_listening(learner: subprocess.Popen, out: Path, timeout_s: float = 300) -> None:
+    """Until the learner has written learner.json (it serves from then on)."""
+    deadline = time.time() + timeout_s
+    while not (out / "learner.json").exists():
+        assert learner.poll() is None, (out / "learner.log").read_text()[-3000:]
+        assert time.time() < deadline, "learner did not start"
+        time.sleep(0.5)
+
+
+def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path) -> None:
+    """Wait for the learner's last step and the workers' exit; the learner must have succeeded."""
+    try:
+        learner.wait(timeout=900)
+        for w in workers:
+            w.wait(timeout=120)
+    finally:
+        for p in [learner, *workers]:
+            if p.poll() is None:
+                p.kill()
+    assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
