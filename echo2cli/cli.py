@@ -58,27 +58,49 @@ def learner(
     uplink_mbps: float | None = typer.Option(None, help="cap the learner's torrent upload"),
     token: str | None = typer.Option(None, help="join token workers must present (or ECHO2_TOKEN, or --token-file)"),
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
-    checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints"),
+    checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints (0 = final only)"),
+    lease_timeout_s: float | None = typer.Option(None, help="a lease not returned by then is leased again"),
+    tls_cert: Path | None = typer.Option(None, help="PEM certificate: serve the API and tracker over HTTPS"),
+    tls_key: Path | None = typer.Option(None, help="PEM private key of --tls-cert"),
     torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
     activation: str | None = typer.Option(None, help="cost: the cheapest workers reaching gamma*mu_min generate, "
                                           "the rest stand by | all: every worker generates"),
     gamma: float | None = typer.Option(None, help="provisioning margin over mu_min"),
     learner_usd_per_hour: float | None = typer.Option(None, help="price of the learner box, for cost per step"),
     seed: int | None = typer.Option(None),
+    resume: Path | None = typer.Option(None, "--resume", help="continue a run: its directory (newest checkpoint) "
+                                       "or one checkpoint directory; its saved config is the base, flags override"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
 ) -> None:
-    """Run the GRPO learner: coordination API + tracker on HOST:PORT, publishing every version as a torrent."""
+    """Run the GRPO learner: coordination API + tracker on HOST:PORT, publishing every version as a torrent.
+
+    SIGTERM or Ctrl-C checkpoints at the next step boundary and stops; workers keep retrying, and
+    `echo2 learner --resume OUT` continues at the same step and version (a second Ctrl-C stops at once).
+    """
+    from echo2cli.learner.checkpoint import find_checkpoint, read_state, resume_check
+
+    checkpoint, base = None, None
+    if resume is not None:
+        checkpoint = find_checkpoint(resume)
+        state = read_state(checkpoint)
+        base = {**state["config"], "out_dir": str(checkpoint.parent.parent)}
     cfg = load_config(LearnerConfig, config, _flags(
         model=model, task=task, out_dir=out, steps=steps, prompts_per_step=prompts_per_step,
         group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
         host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
         token=token, token_file=token_file, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
+        lease_timeout_s=lease_timeout_s, tls_cert=tls_cert, tls_key=tls_key,
         activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
-    ), "learner")
+    ), "learner", base=base)
+    if checkpoint is not None:
+        resume_check(state["config"], int(state["step"]), cfg)
     from echo2cli.learner.loop import Learner
 
-    run = Learner(cfg)
+    run = Learner(cfg, resume_from=checkpoint)
+    stop_on_signal(run.request_stop)
     if not quiet:
+        if checkpoint is not None:
+            console.print(f"resumed from {checkpoint} at step {run.start_step}")
         console.print(f"learner listening on [bold]{run.url}[/] — join with: echo2 worker --join {run.url}")
 
     def on_step(m: dict[str, Any]) -> None:
@@ -97,8 +119,27 @@ def learner(
     run.on_decision = on_decision
     summary = run.run(on_step)
     print(json.dumps(summary) if quiet else "")
-    if not quiet:
+    if quiet:
+        return
+    if summary["stopped_at"] is not None:
+        console.print(f"stopped at step {summary['stopped_at']}: checkpoint {summary['checkpoint']}; "
+                      f"continue with: echo2 learner --resume {cfg.out_dir}")
+    else:
         console.print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s; metrics {summary['metrics']}")
+
+
+def stop_on_signal(request_stop: Any) -> None:
+    """First SIGTERM/SIGINT: finish the step, checkpoint, stop. A second one: stop now."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        console.print("stopping after this step (checkpoint follows); signal again to stop now")
+        request_stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
 @app.command()
@@ -107,6 +148,8 @@ def worker(
     config: Path | None = ConfigOpt,
     token: str | None = typer.Option(None, help="the learner's join token (or ECHO2_TOKEN, or --token-file)"),
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
+    ca_cert: Path | None = typer.Option(None, help="for an https:// learner: trust this certificate (its self-signed "
+                                        "one, or a private CA) besides the system CAs"),
     name: str | None = typer.Option(None, help="worker name (default host-pid)"),
     work_dir: Path | None = typer.Option(None, help="where policy versions are stored"),
     prompts_per_lease: int | None = typer.Option(None, help="prompts per lease"),
@@ -118,19 +161,22 @@ def worker(
                                               "the cheapest workers per rollout first"),
     max_rollouts_per_s: float | None = typer.Option(None, help="throttle generation to this many rollouts/s "
                                                     "(emulate a slower GPU)"),
+    learner_restart_s: float | None = typer.Option(None, help="once joined, keep retrying a learner that went "
+                                                   "away this long (it may be resuming) before giving up"),
     quiet: bool = typer.Option(False, "--quiet"),
 ) -> None:
     """Join a learner, fetch policy versions from the swarm and generate rollouts with vLLM."""
     cfg = load_config(WorkerConfig, config, _flags(
-        join=join, token=token, token_file=token_file, name=name, work_dir=work_dir,
+        join=join, token=token, token_file=token_file, ca_cert=ca_cert, name=name, work_dir=work_dir,
         prompts_per_lease=prompts_per_lease, kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen,
         uplink_mbps=uplink_mbps, usd_per_hour=usd_per_hour, max_rollouts_per_s=max_rollouts_per_s,
+        learner_restart_s=learner_restart_s,
     ), "worker")
     from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
 
     install_sigterm_as_interrupt()
     stats = Worker(cfg, console=Console(stderr=True, quiet=quiet)).run()
-    console.print(json.dumps(stats)) if not quiet else None
+    console.print(json.dumps(stats), soft_wrap=True) if not quiet else None
 
 
 @app.command()

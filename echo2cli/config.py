@@ -59,6 +59,8 @@ class LearnerConfig(_Config):
     token: str | None = Field(None, exclude=True, repr=False,
                               description="join token workers must present (never written to disk or logs)")
     token_file: Path | None = Field(None, description="read the join token from this file instead")
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve the API and tracker over HTTPS")
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     lease_timeout_s: float = Field(120.0, gt=0.0, description="unfinished prompts are leased again after this")
     heartbeat_s: float = Field(2.0, gt=0.0, description="worker heartbeat period; 3 missed = inactive")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
@@ -71,6 +73,12 @@ class LearnerConfig(_Config):
     plan_every: int = Field(2, ge=1, description="steps between re-plans (joins and deaths re-plan at once)")
     plan_rule: Literal["echo2", "paper"] = Field("echo2", description="which mu_min activation targets")
     learner_usd_per_hour: float = Field(0.0, ge=0.0, description="price of the learner box, for cost per step")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> LearnerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
+        return self
 
     @model_validator(mode="after")
     def _kappa_fits_staleness(self) -> LearnerConfig:
@@ -87,6 +95,8 @@ class WorkerConfig(_Config):
     join: str = Field(description="learner URL, e.g. http://10.0.0.5:8700")
     token: str | None = Field(None, exclude=True, repr=False, description="the learner's join token")
     token_file: Path | None = Field(None, description="read the join token from this file instead")
+    ca_cert: Path | None = Field(None, description="trust this certificate (a private CA, or the learner's "
+                                 "self-signed one) for an https:// learner, besides the system CAs")
     name: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
     work_dir: Path | None = Field(None, description="where versions are stored (default: ~/.cache/echo2/workers/NAME)")
     prompts_per_lease: int = Field(4, ge=1, le=256, description="prompts asked for per lease")
@@ -99,7 +109,9 @@ class WorkerConfig(_Config):
     max_rollouts_per_s: float = Field(0.0, ge=0.0, description="throttle generation to this rate, emulating a "
                                       "slower GPU (0 = no throttle)")
     request_timeout_s: float = Field(30.0, gt=0.0, description="HTTP timeout for one call to the learner")
-    unreachable_s: float = Field(60.0, gt=0.0, description="give up after the learner is unreachable this long")
+    unreachable_s: float = Field(60.0, gt=0.0, description="give up joining a learner unreachable this long")
+    learner_restart_s: float = Field(600.0, gt=0.0, description="once joined, keep retrying a learner that went "
+                                     "away this long (a restart resuming from its checkpoint) before giving up")
     seed: int = 0
 
 
@@ -117,9 +129,12 @@ class DemoConfig(_Config):
 C = TypeVar("C", bound=_Config)
 
 
-def load_config(cls: type[C], toml_path: Path | None, flags: dict[str, Any], section: str) -> C:
-    """Merge defaults < TOML `[section]` < ECHO2_<FIELD> env < flags (None = not given)."""
-    data: dict[str, Any] = {}
+def load_config(
+    cls: type[C], toml_path: Path | None, flags: dict[str, Any], section: str, base: dict[str, Any] | None = None
+) -> C:
+    """Merge defaults < `base` (a resumed run's saved config) < TOML `[section]` < ECHO2_<FIELD> env < flags
+    (None = not given)."""
+    data: dict[str, Any] = dict(base or {})
     if toml_path is not None:
         try:
             doc = tomllib.loads(Path(toml_path).read_text())

@@ -5,6 +5,7 @@
     ├── ModelError             a model directory is missing or does not load
     ├── LearnerUnreachable     the worker cannot reach the learner's HTTP API
     ├── AuthError              the learner rejected our token (HTTP 401/403)
+    │   └── SessionLost        the learner no longer knows this worker (it restarted): join again
     ├── ProtocolError          the other side answered with something we cannot use (4xx, bad body)
     ├── BroadcastError         a policy version could not be created, fetched or verified
     └── DiskFullError          no space left for a checkpoint or a policy version
@@ -33,6 +34,10 @@ class LearnerUnreachable(Echo2Error):
 
 
 class AuthError(Echo2Error):
+    pass
+
+
+class SessionLost(AuthError):
     pass
 
 

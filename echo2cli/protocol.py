@@ -148,6 +148,7 @@ class WorkerView(_Msg):
     rollouts: int
     active: bool
     standby: bool = False
+    leased_prompts: int = 0  # prompts of its leases not yet returned
 
 
 class Status(_Msg):

@@ -43,3 +43,43 @@ def test_bad_config_value_is_one_line_naming_the_field():
 def test_missing_model_directory_is_one_line(tmp_path):
     proc = run_cli("learner", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "config.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("echo2: error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_a_model_whose_weights_do_not_load_is_one_line(tmp_path):
+    from echo2cli.models import prepare_default_model
+
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    base = prepare_default_model()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (bad / name).write_bytes((base / name).read_bytes())
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)  # truncated: not a safetensors file
+    line = one_line_error(run_cli("learner", "--model", str(bad), "--out", str(tmp_path / "out"), "--port", "0"))
+    assert "does not load" in line
+
+
+def test_an_unwritable_run_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    line = one_line_error(run_cli("learner", "--out", str(blocker / "run"), "--port", "0"))
+    assert "cannot write to --out" in line
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path):
+    line = one_line_error(run_cli("learner", "--resume", str(tmp_path), "--port", "0"))
+    assert "no checkpoint" in line
+
+
+def test_tls_with_a_missing_key_file_is_one_line(tmp_path):
+    (tmp_path / "cert.pem").write_text("x")
+    line = one_line_error(run_cli("learner", "--tls-cert", str(tmp_path / "cert.pem"), "--out", str(tmp_path / "o"),
+                                  "--port", "0"))
+    assert "tls_cert and tls_key" in line

@@ -144,3 +144,21 @@ def test_a_worker_of_another_echo2_version_is_refused_with_one_line(app):
     with pytest.raises(ProtocolError, match="refused us: worker runs echo2 0.0.9"):
         client.join(JoinRequest(name="old", echo2_version="0.0.9"))
     assert client.join(JoinRequest(name="current")).worker_id  # the client sends its own version
+
+
+def test_a_restarted_learner_answers_session_lost_and_the_client_can_join_again(app, clock, tmp_path):
+    from echo2cli.errors import SessionLost
+
+    target = {"app": TestClient(app)}
+    client = LearnerClient("http://learner", "s3cret",
+                           transport=httpx.MockTransport(lambda r: _forward(target["app"], r)))
+    info = client.join(JoinRequest(name="w"))
+    restarted = make_coord(clock)
+    restarted.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    target["app"] = TestClient(build_app(restarted, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path,
+                                         model_files=["config.json"], token="s3cret", status_extra=dict,
+                                         target_steps=3))
+    with pytest.raises(SessionLost, match="no longer knows"):
+        client.lease(LeaseRequest(worker_id=info.worker_id, version=0))
+    again = client.join(JoinRequest(name="w"))  # with the join token, not the lost session's
+    assert client.lease(LeaseRequest(worker_id=again.worker_id, version=0)).status == "ok"

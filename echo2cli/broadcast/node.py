@@ -32,6 +32,7 @@ class Transfer:
     priorities: list[int] | None = None  # slot gating, see `slot_priorities`; None once everything is open
     pieces_done: int = 0
     last_progress: float = field(default_factory=time.time)
+    tracker_urls: list[str] = field(default_factory=list)  # as in the torrent, before our key is added
 
     def open_gates(self) -> None:
         """Let pieces that another worker already holds be fetched (from anyone)."""
@@ -131,10 +132,8 @@ class TorrentNode:
             params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
         save_path.mkdir(parents=True, exist_ok=True)
         transfer = Transfer(version, self.session.add_torrent(params), save_path)
-        if self.tracker_key:  # the learner's tracker serves only joined peers: announce with our key
-            urls = [t.url.rstrip("/") for t in params.ti.trackers()]
-            if urls:
-                transfer.handle.replace_trackers([lt.announce_entry(f"{u}/{self.tracker_key}") for u in urls])
+        transfer.tracker_urls = [t.url.rstrip("/") for t in params.ti.trackers()]
+        self._announce_with_key(transfer)
         if slot is not None and slot[1] > 1 and not seed:
             transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
             transfer.handle.prioritize_pieces(transfer.priorities)
@@ -142,6 +141,19 @@ class TorrentNode:
             transfer.finished_at = transfer.started
         self.transfers[version] = transfer
         return transfer
+
+    def _announce_with_key(self, transfer: Transfer) -> None:
+        """The learner's tracker serves only joined peers: announce to `<url>/<our key>`."""
+        if self.tracker_key and transfer.tracker_urls:
+            entries = [self._lt.announce_entry(f"{u}/{self.tracker_key}") for u in transfer.tracker_urls]
+            transfer.handle.replace_trackers(entries)
+
+    def set_tracker_key(self, key: str) -> None:
+        """A worker that joined again (the learner restarted) announces every transfer with its new key."""
+        self.tracker_key = key
+        for transfer in self.transfers.values():
+            self._announce_with_key(transfer)
+            transfer.handle.force_reannounce()
 
     def seed(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
         return self._add(version, torrent, save_path, seed=True)

@@ -18,6 +18,9 @@ Semantics (DESIGN.md):
   (synchronous GRPO); larger S lets fresh workers run ahead while stale ones do not produce groups that
   would be dropped. No lease holds more than B prompts, so one worker's lease never spans a whole
   step's work (the capacity model in `plan.py` relies on this).
+- Checkpoints carry the coordinator's state (`state_dict`): prompts drawn, the queue, groups admitted and
+  waiting, prompts admitted and trained, the ledger. Leases do not survive a restart (workers join again
+  with new ids): a resumed coordinator queues their prompts again, counted as returned.
 - Each worker's throughput mu_i is measured here: rollouts returned / wall time its leases were out
   (generation plus the round trips), over its last MU_WINDOW leases. Workers on standby (cost-aware
   activation) get no leases; they keep fetching and seeding versions.
@@ -161,6 +164,8 @@ class Coordinator:
         self.ledger: Counter[str] = Counter()  # prompts: leased, admitted, rejected, expired, returned, trained...
         self.max_bad_batches = MAX_BAD_BATCHES
         self.learner_tracker_key = secrets.token_hex(16)
+        self.trained_ids: set[int] = set()  # prompts whose group went into an optimizer step
+        self.training_ids: list[int] = []
 
     # -- workers -------------------------------------------------------------------------------------
 
@@ -230,6 +235,9 @@ class Coordinator:
             prompt_id = self.pending.popleft()
             if prompt_id not in self.done:  # a late worker may have finished it after its lease expired
                 return prompt_id
+        return self._draw()
+
+    def _draw(self) -> int:
         prompt_id = len(self.problems)
         problem = next(self._problem_iter)
         self.problems[prompt_id] = problem
@@ -383,6 +391,17 @@ class Coordinator:
             ledger["waiting"] = len(self.ready)
             return ledger
 
+    def audit(self) -> dict[str, int | list[int]]:
+        """The ledger per prompt rather than in counts: every prompt drawn is trained, in training, waiting,
+        leased out or queued again (`lost` lists any that is none of these), and none is trained twice."""
+        with self.lock:
+            outstanding = {i for ls in self.leases.values() for i in ls.outstanding}
+            held = self.trained_ids | set(self.training_ids) | {g.prompt_id for g in self.ready} | outstanding
+            held |= set(self.pending)
+            return {"prompts": len(self.problems), "trained": len(self.trained_ids),
+                    "trained_twice": self.counters["trained_twice"],
+                    "lost": [i for i in range(len(self.problems)) if i not in held]}
+
     def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample]) -> None:
         problem = self.problems[prompt_id]
         samples = sorted(samples, key=lambda s: s.sample_idx)
@@ -391,6 +410,45 @@ class Coordinator:
             Group(prompt_id, batch.version, self.prompt_ids[prompt_id], samples, rewards, batch.worker_id)
         )
         self.done.add(prompt_id)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """JSON-able state for a checkpoint taken between steps (nothing in training)."""
+        with self.lock:
+            assert self.training == 0, "checkpoint between steps only"
+            return {
+                "version": self.version,
+                "problems_drawn": len(self.problems),
+                "pending": list(self.pending),
+                "leased_out": sorted(i for ls in self.leases.values() for i in ls.outstanding),
+                "done": sorted(self.done),
+                "trained": sorted(self.trained_ids),
+                "ready": [{"prompt_id": g.prompt_id, "version": g.version, "worker_id": g.worker_id,
+                           "rewards": g.rewards, "samples": [s.model_dump() for s in g.samples]}
+                          for g in self.ready],
+                "ledger": dict(self.ledger),
+                "counters": dict(self.counters),
+            }
+
+    def load_state(self, state: dict) -> None:
+        """Continue where `state_dict` left off. The task's prompt stream is replayed to the same position
+        (a task yields the same prompts for the same seed), so prompt ids mean the same problems."""
+        with self.lock:
+            self.version = int(state["version"])
+            for _ in range(int(state["problems_drawn"])):
+                self._draw()
+            leased_out = [int(i) for i in state["leased_out"]]
+            self.pending = deque(leased_out + [int(i) for i in state["pending"]])  # oldest first
+            self.done = {int(i) for i in state["done"]}
+            self.trained_ids = {int(i) for i in state["trained"]}
+            self.ready = deque(
+                Group(g["prompt_id"], g["version"], self.prompt_ids[g["prompt_id"]],
+                      [Sample.model_validate(s) for s in g["samples"]], g["rewards"], g["worker_id"])
+                for g in state["ready"])
+            self.ledger = Counter(state["ledger"])
+            self.ledger["returned"] += len(leased_out)  # their workers join again; the prompts are leased again
+            self.counters = Counter(state["counters"])
 
     # -- the training loop's side --------------------------------------------------------------------
 
@@ -409,12 +467,17 @@ class Coordinator:
                 return None
             self.training = self.B
             self.ledger["trained"] += self.B
-            return [self.ready.popleft() for _ in range(self.B)]
+            batch = [self.ready.popleft() for _ in range(self.B)]
+            self.training_ids = [g.prompt_id for g in batch]
+            self.counters["trained_twice"] += sum(i in self.trained_ids for i in self.training_ids)
+            self.trained_ids.update(self.training_ids)
+            return batch
 
     def advance(self, version: int) -> None:
         with self.lock:
             self.version = version
             self.training = 0
+            self.training_ids = []
 
     def publish(self, policy: PolicyInfo) -> None:
         with self.lock:
@@ -486,6 +549,7 @@ class Coordinator:
                     rollouts=w.rollouts,
                     active=wid in active,
                     standby=w.standby,
+                    leased_prompts=sum(len(ls.outstanding) for ls in self.leases.values() if ls.worker_id == wid),
                 )
                 for wid, w in self.workers.items()
             ]

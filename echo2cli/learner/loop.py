@@ -8,6 +8,10 @@
         log one metrics line; checkpoint every N steps
     finish: tell workers, final checkpoint, linger so they hear it, stop.
 
+SIGTERM / Ctrl-C (`request_stop`) ends the loop at the next step boundary with a checkpoint and without
+telling workers to finish: `echo2 learner --resume OUT` continues at the same step and version, and the
+workers, which kept retrying, join it again. A second signal stops at once (the last checkpoint stands).
+
 Bubble ratio = time waiting for rollouts / wall time, counted from the end of the first wait: the first
 wait is fleet start-up (engines loading), which a capacity model of steady state does not describe.
 T_bcast(v) = from publishing v until every active worker generates with v or newer.
@@ -29,8 +33,9 @@ from typing import Any
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import LearnerConfig
-from echo2cli.errors import ConfigError
+from echo2cli.errors import ConfigError, ModelError
 from echo2cli.learner.activation import Activation
+from echo2cli.learner.checkpoint import checkpoint_dir, read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator, Group
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.server import build_app
@@ -38,6 +43,7 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.metrics import MetricsWriter
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.tasks import load_task
+from echo2cli.tls import check_server_files, trust_for_torrents
 
 SCALARS_IN_STATUS = (
     "rollout/reward_mean", "learner/t_train_s", "learner/t_wait_s", "bcast/t_s", "bcast/version",
@@ -57,10 +63,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_in_thread(app: Any, sock: socket.socket):
+def serve_in_thread(app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None):
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30))
+    cert, key = tls or (None, None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                                           ssl_certfile=cert, ssl_keyfile=key))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
     thread.start()
     while not server.started and thread.is_alive():
@@ -83,20 +91,37 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
         "rollout/versions": sorted({g.version for g in groups}),
         "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
         "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
+        "rollout/prompt_ids": [g.prompt_id for g in groups],
     }
 
 
+def ensure_writable(directory: Path, what: str) -> None:
+    """Fail at start, in one line, rather than at the first checkpoint an hour in."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".echo2-write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write to {what} {directory} ({exc.strerror}): pick another one") from exc
+
+
 class Learner:
-    def __init__(self, cfg: LearnerConfig) -> None:
+    def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
         self.out = cfg.out_dir
-        self.out.mkdir(parents=True, exist_ok=True)
+        ensure_writable(self.out, "--out")
         self.run_id = uuid.uuid4().hex[:8]
+        self.start_step = 0
+        self.stop = threading.Event()
         self.model_dir = resolve_model(cfg.model)
         task = load_task(cfg.task)
-        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        try:
+            tok = AutoTokenizer.from_pretrained(self.model_dir)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"cannot load the tokenizer of {self.model_dir}: {exc}") from exc
 
         def encode(text: str) -> list[int]:
             msgs = [{"role": "user", "content": text}]
@@ -116,20 +141,40 @@ class Learner:
             max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
             lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed,
         )
+        if resume_from is not None:
+            self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
         host, port = self.sock.getsockname()[:2]
-        self.url = cfg.public_url or f"http://{host}:{port}"
+        self.tls = (cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
+        if self.tls:
+            check_server_files(*self.tls)
+            trust_for_torrents(cfg.tls_cert, self.out)  # our own node announces to our https tracker
+        self.url = cfg.public_url or f"{'https' if self.tls else 'http'}://{host}:{port}"
         self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
                                 tracker_key=self.coord.learner_tracker_key)
         self.publisher = Publisher(
             self.trainer, self.node, self.coord, self.out / "versions", f"{self.url}/announce",
             keep=cfg.staleness + 1,
         )
+        self._trim_metrics()
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
         self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.last: dict[str, Any] = {}
         self.upload_ratio: dict[int, float] = {}
+
+    def _restore(self, checkpoint: Path) -> None:
+        state = read_state(checkpoint)
+        try:
+            self.trainer.load_checkpoint(checkpoint)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise ModelError(f"checkpoint {checkpoint} does not load: {exc}") from exc
+        self.coord.load_state(state["coordinator"])
+        self.run_id, self.start_step = state["run_id"], int(state["step"])
+
+    def request_stop(self) -> None:
+        """Checkpoint at the next step boundary and stop, leaving workers waiting for a resume."""
+        self.stop.set()
 
     def _usd_per_hour(self) -> float:
         """Learner plus every live worker not on standby: what the run pays for right now."""
@@ -167,20 +212,30 @@ class Learner:
         return {"bcast/delta_ratio": ratio, "bcast/delta_encode_s": stats["encode_s"]}
 
     def checkpoint(self, step: int) -> Path:
-        ckpt_root = self.out / "checkpoints"
-        target = ckpt_root / f"step_{step:06d}"
-        state = {"step": step, "version": step, "run_id": self.run_id, "config": self.cfg.model_dump(mode="json")}
-        self.trainer.save_checkpoint(target, state)
-        for name in self._model_files():
-            if name != "config.json" and name != "generation_config.json":
-                shutil.copy2(self.model_dir / name, target / name)
-        for old in sorted(ckpt_root.glob("step_*"))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
-        return target
+        """Between steps: weights and optimizer at version `step`, RNG, coordinator state, resolved config."""
+        state = {"step": step, "version": step, "run_id": self.run_id, "time": time.time(),
+                 "config": self.cfg.model_dump(mode="json"), "coordinator": self.coord.state_dict()}
+
+        def write_files(tmp: Path) -> None:
+            self.trainer.save_checkpoint(tmp)
+            for name in self._model_files():
+                if name not in ("config.json", "generation_config.json"):
+                    shutil.copy2(self.model_dir / name, tmp / name)
+
+        return write_checkpoint(checkpoint_dir(self.out, step), write_files, state)
+
+    def _trim_metrics(self) -> None:
+        """A resumed run rewrites the steps after its checkpoint: drop their old lines."""
+        path = self.out / "metrics.jsonl"
+        if path.exists():
+            keep = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", -1) < self.start_step]
+            path.write_text("".join(line + "\n" for line in keep))
 
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         cfg = self.cfg
-        self.publisher.publish(0)
+        shutil.rmtree(self.out / "versions", ignore_errors=True)  # a previous run's versions: never served again
+        self.publisher.publish(self.start_step)
         join_info = dict(
             task=cfg.task, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, staleness=cfg.staleness, heartbeat_s=cfg.heartbeat_s,
@@ -191,7 +246,7 @@ class Learner:
             model_files=self._model_files(), token=cfg.token, status_extra=self._status_extra,
             target_steps=cfg.steps,
         )
-        server, thread = serve_in_thread(app, self.sock)
+        server, thread = serve_in_thread(app, self.sock, self.tls)
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
         # Written then renamed: `echo2 demo` polls for this file and must never read it half-written.
         tmp = self.out / "learner.json.tmp"
@@ -200,12 +255,16 @@ class Learner:
         t_start = time.time()
         steady_since: float | None = None
         waited_steady = 0.0
+        stopped_at: int | None = None
         try:
-            for t in range(cfg.steps):
+            for t in range(self.start_step, cfg.steps):
                 t0 = time.time()
-                while (groups := self.coord.take_batch()) is None:
+                while not self.stop.is_set() and (groups := self.coord.take_batch()) is None:
                     time.sleep(0.02)
                     self._tick(t)
+                if self.stop.is_set():
+                    stopped_at = t
+                    break
                 t_wait = time.time() - t0
                 if steady_since is None:
                     steady_since = time.time()
@@ -246,11 +305,17 @@ class Learner:
                 self.last = record
                 if on_step:
                     on_step(record)
+                if self.stop.is_set():
+                    stopped_at = version
+                    break
                 if cfg.checkpoint_every and version % cfg.checkpoint_every == 0 and version != cfg.steps:
                     self.checkpoint(version)
-            self.coord.finish()
-            final = self.checkpoint(cfg.steps)
-            self._linger()
+            if stopped_at is not None:  # workers are not told to finish: they wait for the resumed learner
+                final = self.checkpoint(stopped_at)
+            else:
+                self.coord.finish()
+                final = self.checkpoint(cfg.steps)
+                self._linger()
         finally:
             self.coord.finish()
             server.should_exit = True
@@ -260,7 +325,11 @@ class Learner:
             self.activation.close()
         summary = {
             "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
+            "start_step": self.start_step, "stopped_at": stopped_at,
             "checkpoint": str(final), "metrics": str(self.metrics.path),
+            "ledger": self.coord.accounting(), "audit": self.coord.audit(),
+            "rejected_samples": {k.removeprefix("rejected_").removesuffix("_samples"): v
+                                 for k, v in sorted(self.coord.counters.items()) if k.startswith("rejected_")},
             "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
             "bcast_ready_s": {str(k): v for k, v in sorted(self.coord.ready_s.items())},
             "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},

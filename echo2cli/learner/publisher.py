@@ -42,8 +42,8 @@ class Publisher:
         vdir = self.root / version_dir_name(version)
         try:
             self.trainer.export_weights(vdir / WEIGHTS_FILE)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+        except Exception as exc:  # OSError, or safetensors' own error wrapping one
+            if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
                 raise DiskFullError(f"disk full writing version {version} to {vdir}: free space or move --out") from exc
             raise
         torrent = make_torrent(vdir, self.tracker_url)

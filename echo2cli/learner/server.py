@@ -80,7 +80,8 @@ def build_app(
         if token is not None and same_secret(presented, token):
             return
         if token is not None and coord.session_owner(presented) is None:
-            raise HTTPException(401, "wrong or missing token: pass the learner's join token, or join first")
+            raise HTTPException(401, "wrong or missing token: pass the learner's join token, or join again "
+                                "for a session token")
 
     def worker_auth(worker_id: str, authorization: str | None) -> None:
         """Calls made as a worker: its own session token (from join), and nobody else's."""

@@ -10,6 +10,7 @@ token-level mean over the whole batch.
 from __future__ import annotations
 
 import copy
+import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,8 +44,14 @@ class Trainer:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
+        from echo2cli.errors import ModelError
+
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"model in {model_dir} does not load: {first}") from exc
         self.model.train()
         self.ref = None
         if kl_coef > 0:
@@ -141,15 +148,27 @@ class Trainer:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
         tmp.rename(path)
 
-    def save_checkpoint(self, directory: Path, extra: dict) -> None:
-        import json
+    def save_checkpoint(self, directory: Path) -> None:
+        """Weights (fp32 safetensors + config), AdamW state and RNG states into `directory`."""
+        self.model.save_pretrained(directory)
+        torch.save(self.opt.state_dict(), directory / "optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, directory / "rng.pt")
 
-        tmp = directory.with_name(directory.name + ".tmp")
-        self.model.save_pretrained(tmp)
-        torch.save(self.opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps(extra, indent=2, default=str))
-        if directory.exists():
-            import shutil
+    def load_checkpoint(self, directory: Path) -> None:
+        """Weights, optimizer and RNG states from `save_checkpoint` (the KL reference stays the base model)."""
+        from safetensors.torch import load_file
 
-            shutil.rmtree(directory)
-        tmp.rename(directory)
+        state = load_file(str(directory / "model.safetensors"), device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
+            raise ValueError(f"checkpoint weights do not fit the model: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}")
+        self.opt.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
+        rng = torch.load(directory / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])

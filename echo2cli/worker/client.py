@@ -4,12 +4,14 @@ Timeouts: `connect` 5 s (a learner that does not accept within 5 s is down or un
 `read` = request_timeout_s (a submit carries a few hundred KB and the learner may be mid-step).
 Retries: only what can succeed on retry — transport errors and 5xx — with exponential backoff, until the
 learner has been unreachable for `unreachable_s`. 4xx are never retried: 401 → AuthError,
-other 4xx → ProtocolError carrying the learner's detail.
+other 4xx → ProtocolError carrying the learner's detail. Once joined, a 401 or 404 ("unknown worker") means
+the learner restarted and forgot our session: SessionLost, and the worker joins again.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -17,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from echo2cli import __version__
-from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
+from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError, SessionLost
 from echo2cli.protocol import (
     API,
     Heartbeat,
@@ -32,6 +34,7 @@ from echo2cli.protocol import (
     Status,
     SubmitResult,
 )
+from echo2cli.tls import client_context
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,8 +48,11 @@ class LearnerClient:
         request_timeout_s: float = 30.0,
         unreachable_s: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        ca_cert: Path | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.join_token = token
+        self.joined = False
         self.url = url.rstrip("/")
         self.unreachable_s = unreachable_s
         self.http = httpx.Client(
@@ -54,6 +60,7 @@ class LearnerClient:
             headers=headers,
             timeout=httpx.Timeout(request_timeout_s, connect=5.0),
             transport=transport,
+            verify=client_context(ca_cert),
         )
 
     def _request(
@@ -70,7 +77,13 @@ class LearnerClient:
                     break
                 problem = f"HTTP {resp.status_code}"
             except httpx.TransportError as exc:
+                if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                    raise LearnerUnreachable(
+                        f"cannot verify the TLS certificate of {self.url}: pass --ca-cert with the learner's "
+                        "certificate (or the CA that signed it)") from exc
                 problem = type(exc).__name__
+                if self.url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError):
+                    problem += "; if the learner serves TLS, the URL starts with https://"
             if time.monotonic() + delay > deadline:
                 raise LearnerUnreachable(
                     f"learner at {self.url} unreachable for {patience_s:.0f} s ({problem}): "
@@ -78,6 +91,8 @@ class LearnerClient:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+        if self.joined and resp.status_code in (401, 404) and "join again" in _detail(resp):
+            raise SessionLost(f"learner at {self.url} no longer knows this worker (restarted?): {_detail(resp)}")
         if resp.status_code == 401:
             raise AuthError(f"learner at {self.url} refused our token: pass the learner's --token")
         if resp.status_code == 403:
@@ -99,8 +114,14 @@ class LearnerClient:
         """Join with the learner's join token; every later call carries the session token this returns."""
         if not req.echo2_version:
             req = req.model_copy(update={"echo2_version": __version__})
+        self.joined = False
+        if self.join_token:
+            self.http.headers["Authorization"] = f"Bearer {self.join_token}"
+        else:
+            self.http.headers.pop("Authorization", None)
         info = self._call("POST", "/join", req, JoinResponse)
         self.http.headers["Authorization"] = f"Bearer {info.session_token}"
+        self.joined = True
         return info
 
     def lease(self, req: LeaseRequest) -> LeaseResponse:

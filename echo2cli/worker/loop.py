@@ -5,6 +5,9 @@
     a newer version announced (lease reply or heartbeat)? start fetching it at once, in the background
     (libtorrent threads), so it downloads while the current lease generates
     Ctrl-C / SIGTERM / learner finished: hand back leases, leave, stop.
+    learner gone: retry with backoff for up to learner_restart_s; when it is back (resumed from a
+    checkpoint, same run id) join again and go on with the engine and versions held. If it resumed at a
+    version older than ours (it crashed after its last checkpoint), load its version before generating.
 
 A version is loaded only after libtorrent verified every piece and the file's SHA-256 matches the
 learner's. While the next version downloads, the worker keeps generating with the one it has (that
@@ -25,9 +28,10 @@ from echo2cli.broadcast.delta import DELTA_FILE, apply_delta, delta_dir_name, de
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file
 from echo2cli.config import WorkerConfig
-from echo2cli.errors import BroadcastError
+from echo2cli.errors import BroadcastError, ProtocolError, SessionLost
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import Heartbeat, JoinRequest, JoinResponse, LeaseRequest, PolicyInfo, RolloutBatch, Sample
+from echo2cli.tls import trust_for_torrents
 from echo2cli.worker.client import LearnerClient
 
 FETCH_ATTEMPTS = 3
@@ -42,7 +46,8 @@ class Worker:
         self.work_dir = work_dir.expanduser().resolve()
         self.versions_dir = self.work_dir / "versions"
         self.client = LearnerClient(
-            cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s
+            cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s,
+            ca_cert=cfg.ca_cert,
         )
         self.node: TorrentNode | None = None
         self.engine = None
@@ -213,6 +218,8 @@ class Worker:
                     self.stop.set()
                 elif reply is not None and self._engine_up:
                     self._maybe_fetch(reply.latest_version, block=False)
+            except SessionLost:
+                pass  # the learner restarted: the main loop joins again
             except Exception as exc:  # the main loop reports persistent failures; keep beating
                 self.console.log(f"heartbeat failed: {exc}")
 
@@ -251,19 +258,78 @@ class Worker:
         return RolloutBatch(worker_id=self.worker_id, lease_id=lease.lease_id, version=lease.version,
                             samples=samples, gen_s=gen_s)
 
+    def _work_once(self, stats: dict) -> bool:
+        """One lease: ask, generate, submit (or wait, fetch, stand by). False once the learner finished."""
+        cfg = self.cfg
+        self._swap_if_ready()
+        resp = self.client.lease(LeaseRequest(worker_id=self.worker_id, version=self.loaded,
+                                              max_prompts=cfg.prompts_per_lease))
+        if resp.status == "finished":
+            return False
+        self._maybe_fetch(resp.latest_version)
+        if resp.status == "ok" and resp.lease is not None:
+            batch = self._generate(resp.lease)
+            result = self.client.submit(batch)
+            stats["leases"] += 1
+            stats["rollouts"] += len(batch.samples)
+            stats["accepted"] += result.accepted
+            stats["stale"] += result.stale
+        elif resp.status == "update" and self.downloading is not None:
+            self._wait_download()
+        elif resp.status == "standby":
+            if not self._standby:
+                self.console.log(f"standby: {resp.detail}")
+            stats["standby_s"] += 0.5
+            time.sleep(0.5)  # keep fetching and seeding versions; ask again
+        else:
+            time.sleep(0.1)
+        if self._standby and resp.status != "standby":
+            self.console.log("active again")
+        self._standby = resp.status == "standby"
+        return True
+
+    def _rejoin(self, why: Exception) -> None:
+        """The learner restarted and forgot us: join again, keeping the engine and the versions we hold.
+        A lease in progress was lost with the old session; the resumed learner leases its prompts again."""
+        self.console.log(f"{why}: joining again")
+        info = self.client.join(JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour))
+        if info.run_id != self.join_info.run_id:
+            raise ProtocolError(f"learner at {self.cfg.join} now runs another run ({info.run_id}, not "
+                                f"{self.join_info.run_id}): start the worker again to join it")
+        latest = info.policy.version
+        with self._fetch_lock:
+            self.join_info, self.worker_id = info, info.worker_id
+            self.node.set_tracker_key(info.tracker_key)
+            ahead = self.loaded > latest or (self.downloading is not None and self.downloading.version > latest)
+            if ahead:  # versions after the learner's checkpoint no longer exist: go back to its latest
+                for key in list(self.node.transfers):
+                    v = key if isinstance(key, int) else int(key.removeprefix("delta"))
+                    if v >= latest:
+                        gone = v > latest  # keep the file of `latest`: re-adding it re-checks it, fast
+                        vdir = self._vdir(v) if isinstance(key, int) else self.versions_dir / delta_dir_name(v)
+                        self.node.remove(key, delete_dir=vdir if gone else None)
+                self.loaded, self._verified, self.downloading = -1, -1, None
+                self._start_fetch(info.policy)
+        self.console.log(f"joined again as {self.worker_id}; the learner is at version {latest}")
+        if ahead:
+            self._wait_download()
+            self._swap_if_ready()
+
     def run(self) -> dict:
         from echo2cli.worker.engine import Engine
 
         cfg = self.cfg
         info = self.client.join(JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour))
+        self.client.unreachable_s = cfg.learner_restart_s  # from now on, an absent learner may be restarting
         self.join_info, self.worker_id = info, info.worker_id
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.events = MetricsWriter(self.work_dir / "events.jsonl")
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
+        trust_for_torrents(cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
         self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
                                 tracker_key=info.tracker_key)
-        stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0}
-        standby = False
+        stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0, "rejoins": 0}
+        self._standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
         try:
             self._start_fetch(info.policy)
@@ -278,31 +344,12 @@ class Worker:
             self.console.log(f"engine up with version {self.loaded}")
             self._engine_up = True
             while not self.stop.is_set():
-                self._swap_if_ready()
-                resp = self.client.lease(LeaseRequest(worker_id=self.worker_id, version=self.loaded,
-                                                      max_prompts=cfg.prompts_per_lease))
-                if resp.status == "finished":
-                    break
-                self._maybe_fetch(resp.latest_version)
-                if resp.status == "ok" and resp.lease is not None:
-                    batch = self._generate(resp.lease)
-                    result = self.client.submit(batch)
-                    stats["leases"] += 1
-                    stats["rollouts"] += len(batch.samples)
-                    stats["accepted"] += result.accepted
-                    stats["stale"] += result.stale
-                elif resp.status == "update" and self.downloading is not None:
-                    self._wait_download()
-                elif resp.status == "standby":
-                    if not standby:
-                        self.console.log(f"standby: {resp.detail}")
-                    stats["standby_s"] += 0.5
-                    time.sleep(0.5)  # keep fetching and seeding versions; ask again
-                else:
-                    time.sleep(0.1)
-                if standby and resp.status != "standby":
-                    self.console.log("active again")
-                standby = resp.status == "standby"
+                try:
+                    if not self._work_once(stats):
+                        break
+                except SessionLost as exc:
+                    self._rejoin(exc)
+                    stats["rejoins"] += 1
         except KeyboardInterrupt:
             self.console.log("interrupted: handing leases back")
         finally:

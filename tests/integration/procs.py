@@ -4,15 +4,27 @@ listen, wait for the run to end (killing whatever is left)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 
-def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+def spawn(args: list[str], log: Path, env: dict | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
+    """`prefix`: e.g. `ip netns exec NS`. Each process leads its own group, so `kill_group` takes its vLLM
+    engine processes too, as when a machine is preempted."""
+    return subprocess.Popen([*(prefix or []), sys.executable, "-m", "echo2cli", *args], stdout=open(log, "a"),
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    if sig == signal.SIGKILL:
+        proc.wait()
 
 
 def wait_listening(learner: subprocess.Popen, out: Path, timeout_s: float = 300) -> None:
@@ -33,5 +45,5 @@ def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path
     finally:
         for p in [learner, *workers]:
             if p.poll() is None:
-                p.kill()
+                kill_group(p)
     assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]

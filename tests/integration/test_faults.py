@@ -1,0 +1,283 @@
+"""Fault injection with real processes: nothing lost, nothing trained twice, training goes on.
+
+One run, one learner process at a time on loopback, two long-lived workers and a churn worker:
+
+    phase 1  a churn worker is started and killed with SIGKILL (its whole process group, vLLM included)
+             KILLS times: every other kill at a random moment (start-up, fetch, engine load or a lease),
+             the others while it holds a lease. Meanwhile one long-lived worker is frozen with SIGSTOP
+             while it holds a lease, past the lease deadline, then thawed: its late copy is rejected.
+    phase 2  the learner gets SIGTERM: it checkpoints at the step boundary; `--resume` continues at that
+             step and version (checkpointing every step from now on); the workers join it again.
+    phase 3  the learner is killed with SIGKILL; `--resume` continues from its last checkpoint, with at
+             most one step of work redone; the workers, one of them now a version ahead, join again.
+
+Then the learner is stopped and its ledger must add up, per prompt and in counts. A second test cuts a
+worker's network link (network namespaces; skipped where they cannot be made) past the lease deadline.
+Slow: ~8 minutes on 2 cores (every churn worker starts vLLM). Marked `slow`; `.ci/run` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from procs import kill_group, spawn, wait_listening
+
+from echo2cli.broadcast.netem import namespaces_available
+from echo2cli.demo import free_port
+from echo2cli.learner.checkpoint import complete_checkpoints
+from echo2cli.metrics import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOKEN = "churn-test-token"
+KILLS = 10
+LEASE_TIMEOUT_S = 15
+B = 2  # prompts per step
+LEARNER = ["--steps", "100000", "--prompts-per-step", str(B), "-G", "4", "--max-new-tokens", "8", "-S", "2",
+           "--bt-listen", "127.0.0.1:0", "--token", TOKEN, "--lease-timeout-s", str(LEASE_TIMEOUT_S),
+           "--activation", "all", "--quiet"]
+
+
+def worker_args(url: str, out: Path, name: str, *extra: str) -> list[str]:
+    return ["worker", "--join", url, "--token", TOKEN, "--name", name, "--work-dir", str(out / name),
+            "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5", *extra]
+
+
+class Learner:
+    """The learner's process and API, across restarts."""
+
+    def __init__(self, out: Path, port: int, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
+        self.out, self.port, self.prefix = out, port, prefix
+        self.url = f"http://{host}:{port}"
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        self.proc = None
+
+    def start(self, *extra: str) -> None:
+        (self.out / "learner.json").unlink(missing_ok=True)
+        self.proc = spawn(["learner", "--out", str(self.out), "--port", str(self.port), *LEARNER, *extra],
+                          self.out / "learner.log", prefix=self.prefix)
+        wait_listening(self.proc, self.out)
+
+    def status(self) -> dict | None:
+        try:
+            return self.http.get("/v1/status").json()
+        except (httpx.HTTPError, ValueError):
+            return None  # between steps, restarting
+
+    def worker(self, name: str) -> dict | None:
+        status = self.status() or {"workers": []}
+        alive = [w for w in status["workers"] if w["name"] == name and w["active"]]
+        return alive[-1] if alive else None
+
+    def step(self) -> int:
+        wait_for(lambda: self.status() is not None, 120, "the learner's status")
+        return self.status()["step"]
+
+    def wait_step(self, step: int, timeout_s: float = 600) -> None:
+        wait_for(lambda: (self.status() or {}).get("step", -1) >= step, timeout_s, f"learner step {step}")
+
+    def stop(self) -> dict:
+        """SIGTERM: the learner finishes its step, checkpoints and exits 0."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=300) == 0, (self.out / "learner.log").read_text()[-3000:]
+        return json.loads((self.out / "summary.json").read_text())
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def holding_lease(learner: Learner, name: str) -> bool:
+    w = learner.worker(name)
+    return w is not None and w["leased_prompts"] > 0
+
+
+def check_ledger(summary: dict, metrics: list[dict]) -> None:
+    a, audit = summary["ledger"], summary["audit"]
+    assert a["leased"] == a["admitted"] + a["rejected"] + a["expired"] + a["returned"] + a["outstanding"], a
+    assert a["admitted"] == a["trained"] + a["waiting"] + a["dropped_stale"], a
+    assert audit["lost"] == [] and audit["trained_twice"] == 0, audit
+    # the metrics file is the other witness: contiguous steps, every prompt in exactly one of them
+    assert [r["step"] for r in metrics] == list(range(len(metrics)))
+    trained = [i for r in metrics for i in r["rollout/prompt_ids"]]
+    assert len(trained) == len(set(trained)) == len(metrics) * B == a["trained"] == audit["trained"]
+
+
+@pytest.fixture(scope="module")
+def churn(tmp_path_factory):
+    out = tmp_path_factory.mktemp("churn")
+    rng = random.Random(int(os.environ.get("ECHO2_CHURN_SEED", "0")) or None)
+    learner = Learner(out, free_port())
+    learner.start("--checkpoint-every", "0")
+    steady = [spawn(worker_args(learner.url, out, "w0"), out / "w0.log", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}),
+              spawn(worker_args(learner.url, out, "w1", "--max-rollouts-per-s", "2"), out / "w1.log",
+                    env={"VLLM_CPU_OMP_THREADS_BIND": "1"})]
+    kills: list[dict] = []
+    report: dict = {"kills": kills}
+    try:
+        learner.wait_step(1)
+        # phase 1: churn
+        for i in range(KILLS):
+            name = f"c{i}"
+            proc = spawn(worker_args(learner.url, out, name, "--max-rollouts-per-s", "4"), out / f"{name}.log",
+                         env={"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)})
+            if i % 2 == 0:
+                time.sleep(rng.uniform(5, 60))  # start-up, fetch, engine load or a lease
+                mode = "random"
+            else:
+                wait_for(lambda n=name: holding_lease(learner, n), 240, f"{name} to hold a lease")
+                time.sleep(rng.uniform(0, 0.3))
+                mode = "mid-lease"
+            w = learner.worker(name)
+            kill_group(proc)
+            kills.append({"worker": name, "mode": mode, "at_step": (learner.status() or {}).get("step"),
+                          "joined": w is not None, "held_prompts": w["leased_prompts"] if w else 0})
+            if i == 3:  # freeze w1 while it holds a lease, past the deadline, then thaw it
+                wait_for(lambda: holding_lease(learner, "w1"), 240, "w1 to hold a lease")
+                kill_group(steady[1], signal.SIGSTOP)
+                time.sleep(LEASE_TIMEOUT_S + 5)
+                kill_group(steady[1], signal.SIGCONT)
+        time.sleep(LEASE_TIMEOUT_S + 2)  # the last leases expire while this learner runs
+        # phase 2: graceful restart
+        stopped = learner.stop()
+        report["graceful"] = {"stopped_at": stopped["stopped_at"], "ledger": stopped["ledger"]}
+        learner.start("--resume", str(out), "--checkpoint-every", "1")
+        report["graceful"]["resumed_at"] = learner.step()
+        learner.wait_step(stopped["stopped_at"] + 2)
+        # phase 3: crash
+        learner.wait_step(learner.step() + 1)
+        kill_group(learner.proc)
+        last_done = read_metrics(out / "metrics.jsonl")[-1]["version"]
+        newest = int(complete_checkpoints(out)[-1].name.removeprefix("step_"))
+        learner.start("--resume", str(out), "--checkpoint-every", "1")
+        report["crash"] = {"last_step_done": last_done, "checkpoint": newest, "resumed_at": learner.step()}
+        learner.wait_step(last_done + 2)
+        for p in steady:
+            assert p.poll() is None, "a long-lived worker died"
+        report["final"] = learner.stop()
+    finally:
+        for p in [learner.proc, *steady]:
+            if p is not None and p.poll() is None:
+                kill_group(p, signal.SIGTERM)
+        for p in [learner.proc, *steady]:
+            if p is not None:
+                try:
+                    p.wait(timeout=30)
+                except Exception:
+                    kill_group(p)
+    report["rejoins"] = {n: (out / f"{n}.log").read_text().count("joined again as") for n in ("w0", "w1")}
+    (out / "churn_report.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: report[k] for k in ("graceful", "crash", "rejoins")}, indent=1))
+    return out, report
+
+
+def test_churn_loses_nothing_and_trains_nothing_twice(churn):
+    out, report = churn
+    final = report["final"]
+    check_ledger(final, read_metrics(out / "metrics.jsonl"))
+    kills = report["kills"]
+    assert len(kills) >= 10
+    assert sum(k["held_prompts"] > 0 for k in kills) >= KILLS // 2  # at least half were killed mid-lease
+    assert final["ledger"]["expired"] >= sum(k["held_prompts"] for k in kills)
+    rejected = final["rejected_samples"]
+    assert rejected.get("late", 0) + rejected.get("duplicate", 0) > 0  # the frozen worker's late copy
+    assert not {"not_leased", "version_mismatch", "invalid_samples"} & set(rejected)  # honest workers only
+
+
+def test_learner_resumes_at_the_same_step_after_sigterm(churn):
+    _, report = churn
+    assert report["graceful"]["resumed_at"] == report["graceful"]["stopped_at"]
+
+
+def test_learner_resumes_after_sigkill_with_at_most_one_step_redone(churn):
+    _, report = churn
+    crash = report["crash"]
+    assert crash["resumed_at"] == crash["checkpoint"]
+    assert crash["last_step_done"] - crash["checkpoint"] <= 1
+
+
+def test_workers_ride_through_both_restarts(churn):
+    _, report = churn
+    assert all(n >= 2 for n in report["rejoins"].values()), report["rejoins"]
+
+
+class Tether:
+    """One network namespace joined to this one by a veth pair: 10.<x>.<y>.1 here, .2 inside. Taking
+    the host side down cuts the node off (packets lost, connections left open), as a pulled cable does."""
+
+    def __init__(self) -> None:
+        self.ns, self.host_dev = f"e2cut{os.getpid() % 100000}", f"e2c{os.getpid() % 100000}"
+        self.subnet = f"10.{150 + os.getpid() % 50}.{(os.getpid() // 50) % 250}"
+        self.here, self.inside = f"{self.subnet}.1", f"{self.subnet}.2"
+
+    def __enter__(self) -> Tether:
+        run = [["ip", "netns", "add", self.ns],
+               ["ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
+               ["ip", "addr", "add", f"{self.here}/24", "dev", self.host_dev],
+               ["ip", "link", "set", self.host_dev, "up"],
+               ["ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.inside}/24", "dev", "eth0"],
+               ["ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up"],
+               ["ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up"]]
+        for cmd in run:
+            subprocess.run(cmd, check=True, capture_output=True)
+        return self
+
+    def set_link(self, up: bool) -> None:
+        subprocess.run(["ip", "link", "set", self.host_dev, "up" if up else "down"], check=True)
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)  # takes the veth pair with it
+
+    @property
+    def argv(self) -> list[str]:
+        return ["ip", "netns", "exec", self.ns]
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="needs root to create network namespaces")
+def test_worker_cut_off_the_network_loses_its_lease_and_its_late_copy_is_rejected(tmp_path):
+    with Tether() as tether:
+        learner = Learner(tmp_path, free_port(), host=tether.here)
+        learner.start("--checkpoint-every", "0", "--host", "0.0.0.0", "--public-url", learner.url,
+                      "--bt-listen", "0.0.0.0:0")
+        workers = [spawn(worker_args(learner.url, tmp_path, "w0", "--bt-listen", "0.0.0.0:0"), tmp_path / "w0.log",
+                         env={"VLLM_CPU_OMP_THREADS_BIND": "0"}),
+                   spawn(worker_args(learner.url, tmp_path, "w1", "--bt-listen", "0.0.0.0:0",
+                                     "--max-rollouts-per-s", "2"),
+                         tmp_path / "w1.log", prefix=tether.argv, env={"VLLM_CPU_OMP_THREADS_BIND": "1"})]
+        try:
+            learner.wait_step(1)
+            wait_for(lambda: holding_lease(learner, "w1"), 240, "w1 to hold a lease")
+            step_at_cut = learner.step()
+            tether.set_link(up=False)
+            time.sleep(LEASE_TIMEOUT_S + 5)
+            learner.wait_step(step_at_cut + 2)  # training went on without w1
+            tether.set_link(up=True)
+            wait_for(lambda: learner.worker("w1") is not None, 120, "w1 back")
+            learner.wait_step(learner.step() + 2)
+            assert all(w.poll() is None for w in workers)
+            summary = learner.stop()
+        finally:
+            for p in [learner.proc, *workers]:
+                if p is not None and p.poll() is None:
+                    kill_group(p, signal.SIGTERM)
+            for p in [learner.proc, *workers]:
+                if p is None:
+                    continue
+                try:
+                    p.wait(timeout=30)
+                except Exception:
+                    kill_group(p)
+    check_ledger(summary, read_metrics(tmp_path / "metrics.jsonl"))
+    assert summary["ledger"]["expired"] >= 1
+    assert summary["rejected_samples"].get("late", 0) + summary["rejected_samples"].get("duplicate", 0) > 0

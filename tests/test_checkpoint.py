@@ -1,0 +1,161 @@
+"""Checkpoints: the coordinator's state survives a round trip through JSON, the trainer's weights,
+optimizer and RNG come back bit for bit, and a failed write never harms the previous checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import batch_for, make_coord
+from test_trainer import make_trainer, tiny_model_dir  # noqa: F401  (fixture)
+
+from echo2cli.errors import ConfigError, DiskFullError
+from echo2cli.learner.checkpoint import (
+    STATE_FILE,
+    complete_checkpoints,
+    find_checkpoint,
+    resume_check,
+    write_checkpoint,
+)
+from echo2cli.learner.coordinator import Group
+from echo2cli.protocol import Sample
+
+
+def busy_coordinator(clock):
+    """Two steps trained, one group waiting, one lease out, one prompt queued again."""
+    coord = make_coord(clock, B=2, S=1)
+    wid = coord.join("w", 0.0)
+    for _ in range(3):
+        lease = coord.lease(wid, coord.version, 2).lease
+        coord.submit(batch_for(coord, wid, lease))
+        if (batch := coord.take_batch()) is not None:
+            coord.advance(coord.version + 1)
+            assert len(batch) == 2
+    lease = coord.lease(wid, coord.version, 1).lease
+    coord.submit(batch_for(coord, wid, lease))  # waits: one group is not a batch
+    held = coord.lease(wid, coord.version, 1).lease  # out when the checkpoint is taken
+    bad = coord.lease(wid, coord.version, 1).lease
+    coord.submit(batch_for(coord, wid, bad, version=coord.version + 5))  # rejected: queued again
+    return coord, held
+
+
+def test_coordinator_state_round_trips_and_returns_leases_of_the_old_session(clock):
+    coord, held = busy_coordinator(clock)
+    state = json.loads(json.dumps(coord.state_dict()))
+    again = make_coord(clock, B=2, S=1)
+    again.load_state(state)
+    assert again.version == coord.version == 3
+    assert [g.prompt_id for g in again.ready] == [g.prompt_id for g in coord.ready]
+    assert again.ready[0].samples == coord.ready[0].samples and again.ready[0].rewards == coord.ready[0].rewards
+    assert again.done == coord.done and again.trained_ids == coord.trained_ids
+    before, after = coord.accounting(), again.accounting()
+    assert after["returned"] == before["returned"] + before["outstanding"] and after["outstanding"] == 0
+    assert after["leased"] == after["admitted"] + after["rejected"] + after["expired"] + after["returned"]
+    assert again.audit()["lost"] == [] and again.audit()["trained_twice"] == 0
+    assert [again.problems[i] for i in range(len(coord.problems))] == list(coord.problems.values())
+    wid = again.join("w2", 0.0)
+    assert again.lease(wid, again.version, 1).lease.prompts[0].prompt_id == held.prompts[0].prompt_id
+    fresh_a, fresh_b = coord._draw(), again._draw()  # new prompts continue the same stream
+    assert fresh_a == fresh_b and coord.problems[fresh_a] == again.problems[fresh_b]
+
+
+def test_audit_finds_a_prompt_that_vanished(clock):
+    coord, _ = busy_coordinator(clock)
+    coord.pending.clear()  # mutate: drop queued prompts on the floor
+    assert coord.audit()["lost"]
+
+
+def test_trainer_checkpoint_restores_weights_optimizer_and_rng(tiny_model_dir, tmp_path):  # noqa: F811
+    groups = [Group(0, 0, [5, 6], [Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i, 21],
+                                          logprobs=[-3.0, -3.0]) for i in range(4)], [1.0, 0.0, 1.0, 0.0], "w")]
+    a = make_trainer(tiny_model_dir)
+    a.step(groups)
+    a.save_checkpoint(tmp_path)
+    b = make_trainer(tiny_model_dir)
+    b.load_checkpoint(tmp_path)
+    draw_b = torch.rand(3)
+    torch.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=False)["torch"])
+    assert torch.equal(torch.rand(3), draw_b)
+    a.step(groups)  # the second step uses AdamW moments: equal only if the optimizer came back too
+    b.step(groups)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+
+
+def fake_writer(payload: bytes = b"w"):
+    return lambda tmp: (tmp / "model.safetensors").write_bytes(payload)
+
+
+def test_checkpoints_are_atomic_and_the_two_newest_are_kept(tmp_path):
+    for step in (1, 2, 3):
+        write_checkpoint(tmp_path / "checkpoints" / f"step_{step:06d}", fake_writer(), {"step": step})
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_000002", "step_000003"]
+    (tmp_path / "checkpoints" / "step_000009.tmp").mkdir()
+    (tmp_path / "checkpoints" / "step_000009.tmp" / STATE_FILE).write_text("{}")  # crashed before the rename
+    assert find_checkpoint(tmp_path).name == "step_000003"
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path):
+    write_checkpoint(tmp_path / "checkpoints" / "step_000001", fake_writer(b"good"), {"step": 1})
+
+    def full(tmp):
+        (tmp / "model.safetensors").write_bytes(b"part")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match="previous checkpoint is intact"):
+        write_checkpoint(tmp_path / "checkpoints" / "step_000002", full, {"step": 2})
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
+    assert (find_checkpoint(tmp_path) / "model.safetensors").read_bytes() == b"good"
+
+
+def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
+    saved = {"model": "default", "task": "arithmetic", "seed": 0, "group_size": 8, "prompts_per_step": 8,
+             "max_new_tokens": 16}
+    cfg = SimpleNamespace(**{**saved, "steps": 20})
+    resume_check(saved, 10, cfg)
+    with pytest.raises(ConfigError, match="cannot change group_size"):
+        resume_check(saved, 10, SimpleNamespace(**{**saved, "group_size": 4, "steps": 20}))
+    with pytest.raises(ConfigError, match="--steps"):
+        resume_check(saved, 20, cfg)
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        find_checkpoint(tmp_path)
+
+
+def test_a_really_full_disk_is_a_one_line_error_and_spoils_nothing(tiny_model_dir, tmp_path):  # noqa: F811
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        trainer = make_trainer(tiny_model_dir)
+        write_checkpoint(mount / "checkpoints" / "step_000001", fake_writer(b"good"), {"step": 1})
+        with pytest.raises(DiskFullError, match="disk full writing checkpoint"):
+            write_checkpoint(mount / "checkpoints" / "step_000002", trainer.save_checkpoint, {"step": 2})
+        assert [p.name for p in (mount / "checkpoints").iterdir()] == ["step_000001"]
+        assert (find_checkpoint(mount) / "model.safetensors").read_bytes() == b"good"
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_while_publishing_a_version_is_a_disk_full_error(tiny_model_dir, tmp_path):  # noqa: F811
+    import subprocess
+
+    from echo2cli.learner.publisher import Publisher
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        publisher = Publisher(make_trainer(tiny_model_dir), None, None, mount / "versions", "http://t", keep=2)
+        with pytest.raises(DiskFullError, match="disk full writing version 0"):
+            publisher.publish(0)
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
