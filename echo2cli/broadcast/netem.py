@@ -130,12 +130,6 @@ class Fleet:
             _tbf("eth0", link.up_mbps, ns, link.delay_ms)
             _tbf(host_side, link.down_mbps, hub)
 
-    def set_link(self, name: str, up: bool) -> None:
-        """Cut (`up=False`) or restore `name`'s link: its veth on the hub side goes down or up, so
-        every packet to and from the node is lost while connections stay open, as when a cable is pulled."""
-        index = self.names.index(name)
-        _ip("ip", "link", "set", f"h{index}", "up" if up else "down", ns=f"{self.tag}-hub")
-
     def close(self) -> None:
         for ns in reversed(self.namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

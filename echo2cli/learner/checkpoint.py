@@ -8,15 +8,16 @@
                                          coordinator's state (prompt position, queue, admitted groups,
                                          ledger) and the metrics line count
 
-A checkpoint is written to `step_N.tmp/` and renamed into place, so a crash or a full disk while writing
-leaves the previous checkpoint as it was; only complete ones (with learner_state.json) are ever read.
-The two newest are kept.
+A checkpoint is written to `step_N.tmp/`, flushed to disk (fsync) and renamed into place, so a crash,
+a power cut or a full disk while writing leaves the previous checkpoint as it was; only complete ones
+(with learner_state.json) are ever read. The two newest are kept.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def write_checkpoint(target: Path, write_files: Any, state: dict[str, Any]) -> P
         tmp.mkdir(parents=True)
         write_files(tmp)
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, default=str))
+        _fsync(tmp)
     except Exception as exc:  # OSError; torch.save and safetensors report a failed write as their own errors
         shutil.rmtree(tmp, ignore_errors=True)
         full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)
@@ -55,10 +57,31 @@ def write_checkpoint(target: Path, write_files: Any, state: dict[str, Any]) -> P
     if target.exists():  # the same step again (a resumed run's interruption): swap, then drop the old one
         target.rename(old)
     tmp.rename(target)
+    _fsync_dir(target.parent)
     shutil.rmtree(old, ignore_errors=True)
     for stale in complete_checkpoints(target.parent.parent)[:-KEEP]:
         shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _fsync(directory: Path) -> None:
+    """Every file's data on disk before the rename publishes the directory."""
+    for path in directory.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def find_checkpoint(path: Path) -> Path:
