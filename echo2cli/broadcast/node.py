@@ -132,7 +132,7 @@ class TorrentNode:
             params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
         save_path.mkdir(parents=True, exist_ok=True)
         transfer = Transfer(version, self.session.add_torrent(params), save_path)
-        transfer.tracker_urls = [t.url.rstrip("/") for t in params.ti.trackers()]
+        transfer.tracker_urls = [url.rstrip("/") for url in lt.load_torrent_buffer(torrent).trackers]
         self._announce_with_key(transfer)
         if slot is not None and slot[1] > 1 and not seed:
             transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
