@@ -42,7 +42,8 @@ def _flags(**kwargs: Any) -> dict[str, Any]:
 def learner(
     config: Path | None = ConfigOpt,
     model: str | None = typer.Option(None, help="'default' or a local HF model directory"),
-    task: str | None = typer.Option(None, help="task adapter: arithmetic | package.module:Class"),
+    task: str | None = typer.Option(None, help="task adapter: arithmetic | math | poker | package.module:Class "
+                                    "(options: [learner.task_options] in --config)"),
     out: Path | None = typer.Option(None, "--out", help="run directory (metrics.jsonl, versions/, checkpoints/)"),
     steps: int | None = typer.Option(None, help="optimizer steps"),
     prompts_per_step: int | None = typer.Option(None, help="prompts per step (B = prompts x G)"),
@@ -60,6 +61,8 @@ def learner(
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
     checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints (0 = final only)"),
     lease_timeout_s: float | None = typer.Option(None, help="a lease not returned by then is leased again"),
+    eval_every: int | None = typer.Option(None, help="evaluate every N-th version on the held-out split in a "
+                                          "subprocess, logged as eval/* (0 = never)"),
     tls_cert: Path | None = typer.Option(None, help="PEM certificate: serve the API and tracker over HTTPS"),
     tls_key: Path | None = typer.Option(None, help="PEM private key of --tls-cert"),
     torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
@@ -89,7 +92,7 @@ def learner(
         group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
         host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
         token=token, token_file=token_file, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
-        lease_timeout_s=lease_timeout_s, tls_cert=tls_cert, tls_key=tls_key,
+        lease_timeout_s=lease_timeout_s, tls_cert=tls_cert, tls_key=tls_key, eval_every=eval_every,
         activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
     ), "learner", base=base)
     if checkpoint is not None:
@@ -110,6 +113,9 @@ def learner(
                 f"T_train {m['learner/t_train_s']:.1f}s wait {m['learner/t_wait_s']:.1f}s "
                 f"T_bcast {m.get('bcast/t_s') or float('nan'):.1f}s workers {m['workers/active']}"
             )
+            if "eval/greedy_accuracy" in m:
+                console.print(f"  eval of v{m['eval/version']}: greedy accuracy {m['eval/greedy_accuracy']:.3f}, "
+                              f"pass@k {m['eval/pass_at_k']:.3f}")
 
     def on_decision(d: dict[str, Any]) -> None:
         if not quiet:
@@ -198,17 +204,76 @@ def demo(
 
 @app.command("eval")
 def eval_(
-    model: str = typer.Option("default", help="'default', a checkpoint (runs/demo/checkpoints/step_N) or HF dir"),
-    task: str = typer.Option("arithmetic", help="task adapter"),
-    prompts: int = typer.Option(200, help="held-out prompts"),
-    samples: int = typer.Option(8, help="samples per prompt for the sampled reward"),
-    max_new_tokens: int = typer.Option(16),
+    task: str | None = typer.Option(None, help="arithmetic | math | poker | package.module:Class "
+                                    "(default: the run's task with --run, else arithmetic)"),
+    model: str | None = typer.Option(None, help="'default' or an HF model directory (a checkpoint is one)"),
+    run: Path | None = typer.Option(None, "--run", help="a learner run directory: its newest checkpoint, task, "
+                                    "task options and completion length"),
+    limit: int = typer.Option(200, help="held-out problems (the first N distinct ones of the eval split)"),
+    k: int = typer.Option(4, help="samples per problem at temperature 1 for pass@k (0 = greedy only)"),
+    max_new_tokens: int | None = typer.Option(None, help="completion length cap (default: the run's, or the "
+                                              "task's suggestion, or 16)"),
+    option: list[str] = typer.Option([], "--option", help="task option KEY=VALUE (repeatable; VALUE as JSON "
+                                     "if it parses, else text), e.g. --option path=gsm8k.jsonl"),
     seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+    out: Path | None = typer.Option(None, "--out", help="write the result as JSON here (with --run: default "
+                                    "RUN/eval/TASK-step_N.json)"),
 ) -> None:
-    """Greedy accuracy and sampled reward (temperature 1) on the task's held-out split, with vLLM."""
-    from echo2cli.evaluate import evaluate
+    """Held-out greedy accuracy and pass@k of a model or a run's checkpoint on a task, with vLLM."""
+    from rich.table import Table
 
-    print(json.dumps(evaluate(model, task, prompts, samples, max_new_tokens, seed)))
+    from echo2cli.evaluate import evaluate
+    from echo2cli.tasks import load_task
+
+    options: dict[str, Any] = {}
+    checkpoint = None
+    if run is not None:
+        from echo2cli.learner.checkpoint import find_checkpoint, read_state
+
+        checkpoint = find_checkpoint(run)
+        saved = read_state(checkpoint)["config"]
+        task = task or saved["task"]
+        options = dict(saved.get("task_options") or {}) if task == saved["task"] else {}
+        max_new_tokens = max_new_tokens or saved.get("max_new_tokens")
+        model = model or str(checkpoint)
+    task = task or "arithmetic"
+    options.update(_parse_options(option))
+    if max_new_tokens is None:
+        max_new_tokens = int(getattr(load_task(task, options), "max_new_tokens", 16))
+    result = evaluate(model or "default", task, task_options=options, limit=limit, k=k,
+                      max_new_tokens=max_new_tokens, seed=seed)
+    if out is None and checkpoint is not None:
+        out = Path(run) / "eval" / f"{task.replace(':', '.')}-{checkpoint.name}.json"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    if as_json:
+        print(json.dumps(result))
+        return
+    console.print(f"{result['task']}: {result['problems']} held-out problems, model {result['model']}", soft_wrap=True)
+    table = Table()
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.3f}")
+    console.print(table)
+    if out is not None:
+        console.print(f"written to {out}")
+
+
+def _parse_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
 
 
 @app.command("plan")

@@ -35,7 +35,14 @@ class _Config(BaseModel):
 
 class LearnerConfig(_Config):
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
-    task: str = Field("arithmetic", description="task adapter name or 'package.module:Class'")
+    task: str = Field("arithmetic", description="task adapter: arithmetic | math | poker | 'package.module:Class'")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task "
+                                         "(TOML table [learner.task_options], e.g. path = 'gsm8k.jsonl')")
+    reward_timeout_s: float = Field(5.0, gt=0.0, description="a completion whose reward takes longer scores 0")
+    eval_every: int = Field(0, ge=0, description="evaluate every N-th version on the eval split beside training "
+                            "(a subprocess with its own vLLM engine; 0 = never)")
+    eval_limit: int = Field(100, ge=1, description="held-out problems per periodic evaluation")
+    eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in periodic evaluations")
     out_dir: Path = Field(Path("runs/latest"), description="metrics, policy versions and checkpoints")
     steps: int = Field(20, ge=1, description="optimizer steps to run")
     prompts_per_step: int = Field(8, ge=1, description="prompts per learner step; B = prompts_per_step * G")

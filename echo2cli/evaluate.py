@@ -1,50 +1,96 @@
-"""`echo2 eval`: greedy accuracy and sampled reward of a model on a task's held-out split, with vLLM.
+"""`echo2 eval`: a model on a task's held-out split with vLLM — greedy accuracy and pass@k.
 
-Used to check that a task leaves headroom for the default model and to compare a checkpoint with the
-model it started from. Rewards come from the task adapter exactly as in training.
+    model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, and by default its
+            task, task options and completion length)
+    greedy  one completion per problem at temperature 0: mean reward, mean of each reward component,
+            accuracy = the share solved
+    pass@k  k completions per problem at temperature 1: the share of problems with at least one solved
+            (k samples, so the estimate is the plain "any of k"), and the mean sampled reward
+
+A completion *solves* a problem when its `correct` component is 1 (tasks that have one: arithmetic, math,
+the example task) or, for tasks without it (poker), when its reward is 1 (the best action). Rewards come
+from the task adapter through the same time-bounded scorer as in training. Problems are the first `limit`
+distinct ids of the eval split for the seed.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from echo2cli.models import resolve_model
-from echo2cli.tasks import load_task
+from echo2cli.tasks import Problem, Score, load_task
+from echo2cli.tasks.scoring import Scorer
+
+
+def solved(score: Score) -> bool:
+    return score.components.get("correct", score.reward) >= 1.0 - 1e-9
+
+
+def eval_problems(task: Any, limit: int, seed: int) -> list[Problem]:
+    """The first `limit` distinct problems of the eval split (an endless stream may repeat some)."""
+    seen: dict[str, Problem] = {}
+    for problem in itertools.islice(task.prompts(seed, "eval"), 50 * limit):
+        seen.setdefault(problem.id, problem)
+        if len(seen) == limit:
+            break
+    return list(seen.values())
+
+
+def summarize(problems: list[Problem], greedy: list[list[Score]], sampled: list[list[Score]]) -> dict[str, Any]:
+    flat = [g[0] for g in greedy]
+    names = sorted({k for s in flat for k in s.components})
+    return {
+        "greedy_accuracy": sum(solved(s) for s in flat) / len(flat),
+        "greedy_reward": sum(s.reward for s in flat) / len(flat),
+        **{f"greedy_{k}": sum(s.components.get(k, 0.0) for s in flat) / len(flat) for k in names},
+        "pass_at_k": sum(any(solved(s) for s in group) for group in sampled) / len(sampled),
+        "sampled_reward": sum(s.reward for group in sampled for s in group) / sum(len(g) for g in sampled),
+    }
 
 
 def evaluate(
-    model: str, task_name: str, n_prompts: int, samples: int, max_new_tokens: int, seed: int
-) -> dict:
+    model: str, task_name: str, *, task_options: Mapping[str, Any] | None = None, limit: int = 200, k: int = 4,
+    max_new_tokens: int = 16, seed: int = 0, reward_timeout_s: float = 5.0,
+) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from echo2cli.worker.engine import Engine
 
     model_dir: Path = resolve_model(model)
-    task = load_task(task_name)
-    seen: dict[str, object] = {}
-    for problem in itertools.islice(task.prompts(seed, "eval"), 50 * n_prompts):
-        seen.setdefault(problem.prompt, problem)
-        if len(seen) == n_prompts:
-            break
-    problems = list(seen.values())
+    task = load_task(task_name, task_options)
+    problems = eval_problems(task, limit, seed)
+    if not problems:
+        raise ValueError(f"task {task_name!r} has no eval problems")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [
-        list(tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
-                                     tokenize=True, return_dict=False))
-        for p in problems
-    ]
+    prompts = [list(tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)) for p in problems]
+    t0 = time.perf_counter()
     engine = Engine(model_dir, seed=seed)
+    t_engine = time.perf_counter() - t0
+    scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s)
 
-    def mean_reward(n: int, temperature: float) -> float:
+    def run(n: int, temperature: float) -> tuple[list[list[Score]], list[list[str]]]:
         groups = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-        rewards = [task.reward(p, tok.decode(c.token_ids, skip_special_tokens=True))
-                   for p, group in zip(problems, groups, strict=True) for c in group]
-        return sum(rewards) / len(rewards)
+        texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
+        return [scorer(p, t) for p, t in zip(problems, texts, strict=True)], texts
 
+    try:
+        t1 = time.perf_counter()
+        greedy, greedy_texts = run(1, 0.0)
+        sampled, _ = run(k, 1.0) if k > 0 else ([[s] for s in (g[0] for g in greedy)], None)
+        t_generate = time.perf_counter() - t1
+    finally:
+        scorer.close()
     return {
-        "model": str(model_dir), "task": task.name, "prompts": len(problems),
-        "greedy_accuracy": mean_reward(1, 0.0),
-        "sampled_reward": mean_reward(samples, 1.0),
-        "samples_per_prompt": samples,
+        "model": str(model_dir), "task": task.name, "problems": len(problems), "k": k,
+        "max_new_tokens": max_new_tokens, "seed": seed,
+        **summarize(problems, greedy, sampled),
+        "reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts,
+        "t_engine_s": t_engine, "t_eval_s": t_generate,
+        "examples": [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "greedy": t[0], "reward": g[0].reward}
+                     for p, t, g in itertools.islice(zip(problems, greedy_texts, greedy, strict=True), 5)],
     }

@@ -24,7 +24,7 @@ def clock():
 def make_coord(clock, *, G=2, S=1, B=2, lease_timeout_s=60.0) -> Coordinator:
     return Coordinator(
         ArithmeticTask(),
-        encode_prompt=lambda text: [ord(c) % 100 for c in text[:8]],
+        encode_prompt=lambda messages: [ord(c) % 100 for c in messages[-1]["content"][:8]],
         decode=lambda ids: " ".join(str(i) for i in ids),
         group_size=G, staleness=S, prompts_per_step=B, max_new_tokens=8, vocab_size=1000,
         lease_timeout_s=lease_timeout_s, heartbeat_s=2.0, seed=0, clock=clock,

@@ -11,9 +11,9 @@ from echo2cli.tasks.arithmetic import ArithmeticTask, last_int
 def test_reward_reads_the_last_integer_of_the_completion():
     task = ArithmeticTask()
     problem = next(task.prompts(0))
-    assert task.reward(problem, f"The answer is {problem.answer}") == 1.0
-    assert task.reward(problem, f"{problem.answer}, no wait, {int(problem.answer) + 1}") == 0.0
-    assert task.reward(problem, "no idea") == 0.0
+    assert task.score(problem, f"The answer is {problem.answer}").reward == 1.0
+    assert task.score(problem, f"{problem.answer}, no wait, {int(problem.answer) + 1}").reward == 0.0
+    assert task.score(problem, "no idea").components == {"correct": 0.0, "format": 0.0}
     assert last_int("3 - 5 = -2") == -2
 
 

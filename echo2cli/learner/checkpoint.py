@@ -96,7 +96,7 @@ def find_checkpoint(path: Path) -> Path:
     return found[-1]
 
 
-FIXED_ON_RESUME = ("model", "task", "seed", "group_size", "prompts_per_step", "max_new_tokens")
+FIXED_ON_RESUME = ("model", "task", "task_options", "seed", "group_size", "prompts_per_step", "max_new_tokens")
 
 
 def resume_check(saved: dict[str, Any], step: int, cfg: Any) -> None:

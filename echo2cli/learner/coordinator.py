@@ -10,7 +10,8 @@ Semantics (DESIGN.md):
   its unfinished prompts back in the queue; a worker that leaves hands them back at once.
 - Each (prompt id, sample index) is trained on at most once: a prompt's group is accepted once, and any
   later copy (a late worker whose lease had expired) is counted as a duplicate and dropped.
-- Rewards are computed here from the returned tokens, decoded by the learner's tokenizer. Behaviour
+- Rewards are computed here from the returned tokens, decoded by the learner's tokenizer, outside the lock
+  and through `score` (in the learner: tasks/scoring.Scorer, which bounds time and catches errors). Behaviour
   log-probs are checked (finite, <= 0, one per token) and used only for importance weights.
 - Leases are capped so that a new group is still admissible when its turn comes: a worker whose version
   lags the learner's by `lag` gets work only while fewer than B * (S - lag + 1) prompts are in flight,
@@ -34,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from echo2cli.protocol import (
@@ -48,7 +49,8 @@ from echo2cli.protocol import (
     SubmitResult,
     WorkerView,
 )
-from echo2cli.tasks import Problem, Task
+from echo2cli.tasks import Problem, Score, Task
+from echo2cli.tasks.scoring import safe_score
 
 LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
 MAX_BAD_BATCHES = 5  # batches in a row with invalid data before a worker is cut off
@@ -74,6 +76,7 @@ class Group:
     samples: list[Sample]
     rewards: list[float]
     worker_id: str
+    components: list[dict[str, float]] = field(default_factory=list)  # per sample: format, correct, ...
 
 
 @dataclass
@@ -127,7 +130,7 @@ class Coordinator:
         self,
         task: Task,
         *,
-        encode_prompt: Callable[[str], list[int]],
+        encode_prompt: Callable[[Sequence[dict[str, str]]], list[int]],
         decode: Callable[[list[int]], str],
         group_size: int,
         staleness: int,
@@ -138,8 +141,10 @@ class Coordinator:
         heartbeat_s: float,
         seed: int,
         clock: Callable[[], float] = time.time,
+        score: Callable[[Problem, list[str]], list[Score]] | None = None,
     ) -> None:
         self.task = task
+        self.score = score or (lambda problem, texts: [safe_score(task, problem, t) for t in texts])
         self.encode_prompt, self.decode = encode_prompt, decode
         self.G, self.S, self.B = group_size, staleness, prompts_per_step
         self.max_new_tokens, self.vocab_size = max_new_tokens, vocab_size
@@ -241,7 +246,7 @@ class Coordinator:
         prompt_id = len(self.problems)
         problem = next(self._problem_iter)
         self.problems[prompt_id] = problem
-        self.prompt_ids[prompt_id] = self.encode_prompt(problem.prompt)
+        self.prompt_ids[prompt_id] = self.encode_prompt(problem.messages)
         return prompt_id
 
     def _in_flight(self) -> int:
@@ -324,24 +329,34 @@ class Coordinator:
     def submit(self, batch: RolloutBatch) -> SubmitResult:
         """Admit each leased group once; reject the rest with a reason. Rejected leased prompts are leased
         again at once. Only groups of a live lease of this worker are admitted: a copy that arrives after
-        its lease expired is 'late' (the prompt has been leased again)."""
+        its lease expired is 'late' (the prompt has been leased again).
+
+        Rewards are computed outside the lock (a task's score may be slow): the groups that would be
+        admitted are scored first, then every verdict is made again under the lock."""
+        by_prompt: dict[int, list[Sample]] = {}
+        for s in batch.samples:
+            by_prompt.setdefault(s.prompt_id, []).append(s)
+        with self.lock:
+            lease, version_ok, stale = self._lease_of(batch)
+            admissible = [pid for pid, samples in by_prompt.items()
+                          if not self._verdict(pid, samples, lease is not None and pid in lease.outstanding,
+                                               version_ok, stale)]
+            problems = {pid: self.problems[pid] for pid in admissible}
+        scores = {pid: self.score(problems[pid], [self.decode(s.completion_token_ids) for s in
+                                                  sorted(by_prompt[pid], key=lambda s: s.sample_idx)])
+                  for pid in admissible}
         with self.lock:
             self._saw(batch.worker_id, -1)
             worker = self.workers[batch.worker_id]
-            lease = self.leases.get(batch.lease_id)
-            if lease is not None and lease.worker_id != batch.worker_id:
-                lease = None  # another worker's lease: nothing in it can be returned by this one
-            version_ok = batch.version <= self.version and (lease is None or lease.version == batch.version)
-            stale = self.version - batch.version > self.S
-            by_prompt: dict[int, list[Sample]] = {}
-            for s in batch.samples:
-                by_prompt.setdefault(s.prompt_id, []).append(s)
+            lease, version_ok, stale = self._lease_of(batch)
             result = SubmitResult()
             for prompt_id, samples in by_prompt.items():
                 leased = lease is not None and prompt_id in lease.outstanding
                 reason = self._verdict(prompt_id, samples, leased, version_ok, stale)
+                if not reason and prompt_id not in scores:
+                    reason = "late"  # admissible only now: its lease was re-granted while we scored
                 if not reason:
-                    self._accept(prompt_id, batch, samples)
+                    self._accept(prompt_id, batch, samples, scores[prompt_id])
                     result.accepted += len(samples)
                 else:
                     result.rejected[reason] = result.rejected.get(reason, 0) + len(samples)
@@ -371,6 +386,14 @@ class Coordinator:
             worker.rollouts += result.accepted
             self._judge(batch.worker_id, bad=result.invalid > 0)
             return result
+
+    def _lease_of(self, batch: RolloutBatch) -> tuple[_Lease | None, bool, bool]:
+        """The batch's live lease (None if it is not this worker's), whether its version fits, whether stale."""
+        lease = self.leases.get(batch.lease_id)
+        if lease is not None and lease.worker_id != batch.worker_id:
+            lease = None  # another worker's lease: nothing in it can be returned by this one
+        version_ok = batch.version <= self.version and (lease is None or lease.version == batch.version)
+        return lease, version_ok, self.version - batch.version > self.S
 
     def _judge(self, worker_id: str, bad: bool) -> None:
         """Cut off a worker after `max_bad_batches` batches in a row with invalid data."""
@@ -402,14 +425,13 @@ class Coordinator:
                     "trained_twice": self.counters["trained_twice"],
                     "lost": [i for i in range(len(self.problems)) if i not in held]}
 
-    def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample]) -> None:
-        problem = self.problems[prompt_id]
+    def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample], scores: list[Score]) -> None:
         samples = sorted(samples, key=lambda s: s.sample_idx)
-        rewards = [self.task.reward(problem, self.decode(s.completion_token_ids)) for s in samples]
-        self.ready.append(
-            Group(prompt_id, batch.version, self.prompt_ids[prompt_id], samples, rewards, batch.worker_id)
-        )
+        self.ready.append(Group(prompt_id, batch.version, self.prompt_ids[prompt_id], samples,
+                                [s.reward for s in scores], batch.worker_id, [dict(s.components) for s in scores]))
         self.done.add(prompt_id)
+        self.counters["reward_errors"] += sum(1 for s in scores if s.components.get("error"))
+        self.counters["reward_timeouts"] += sum(1 for s in scores if s.components.get("timeout"))
 
     # -- checkpoints ---------------------------------------------------------------------------------
 
@@ -425,7 +447,8 @@ class Coordinator:
                 "done": sorted(self.done),
                 "trained": sorted(self.trained_ids),
                 "ready": [{"prompt_id": g.prompt_id, "version": g.version, "worker_id": g.worker_id,
-                           "rewards": g.rewards, "samples": [s.model_dump() for s in g.samples]}
+                           "rewards": g.rewards, "components": g.components,
+                           "samples": [s.model_dump() for s in g.samples]}
                           for g in self.ready],
                 "ledger": dict(self.ledger),
                 "counters": dict(self.counters),
@@ -444,7 +467,8 @@ class Coordinator:
             self.trained_ids = {int(i) for i in state["trained"]}
             self.ready = deque(
                 Group(g["prompt_id"], g["version"], self.prompt_ids[g["prompt_id"]],
-                      [Sample.model_validate(s) for s in g["samples"]], g["rewards"], g["worker_id"])
+                      [Sample.model_validate(s) for s in g["samples"]], g["rewards"], g["worker_id"],
+                      g.get("components", []))
                 for g in state["ready"])
             self.ledger = Counter(state["ledger"])
             self.ledger["returned"] += len(leased_out)  # their workers join again; the prompts are leased again

@@ -5,6 +5,7 @@
         one GRPO step on them                               (learner/t_train_s: T_train)
         publish version t+1 every kappa steps               (learner/t_publish_s)
         re-plan cost-aware activation every plan_every steps and on joins/deaths (learner/activation.py)
+        evaluate every eval_every-th version in a subprocess (learner/periodic_eval.py)
         log one metrics line; checkpoint every N steps
     finish: tell workers, final checkpoint, linger so they hear it, stop.
 
@@ -37,12 +38,14 @@ from echo2cli.errors import ConfigError, ModelError
 from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import checkpoint_dir, read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator, Group
+from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.server import build_app
 from echo2cli.learner.trainer import Trainer
 from echo2cli.metrics import MetricsWriter
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.tasks import load_task
+from echo2cli.tasks.scoring import Scorer
 from echo2cli.tls import check_server_files, trust_for_torrents
 
 SCALARS_IN_STATUS = (
@@ -92,7 +95,15 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
         "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
         "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
         "rollout/prompt_ids": [g.prompt_id for g in groups],
+        **component_means(groups),
     }
+
+
+def component_means(groups: list[Group]) -> dict[str, float]:
+    """`reward/<name>`: the mean of each reward component over the batch's samples (0 where one is absent)."""
+    rows = [c for g in groups for c in g.components]
+    names = sorted({k for c in rows for k in c})
+    return {f"reward/{k}": sum(c.get(k, 0.0) for c in rows) / len(rows) for k in names}
 
 
 def ensure_writable(directory: Path, what: str) -> None:
@@ -117,15 +128,16 @@ class Learner:
         self.start_step = 0
         self.stop = threading.Event()
         self.model_dir = resolve_model(cfg.model)
-        task = load_task(cfg.task)
+        task = load_task(cfg.task, cfg.task_options)
+        self.scorer = Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s)
         try:
             tok = AutoTokenizer.from_pretrained(self.model_dir)
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load the tokenizer of {self.model_dir}: {exc}") from exc
 
-        def encode(text: str) -> list[int]:
-            msgs = [{"role": "user", "content": text}]
-            return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+        def encode(messages) -> list[int]:
+            return list(tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
 
         if cfg.torch_threads:
             import torch
@@ -139,7 +151,7 @@ class Learner:
             task, encode_prompt=encode, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             group_size=cfg.group_size, staleness=cfg.staleness, prompts_per_step=cfg.prompts_per_step,
             max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
-            lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed,
+            lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed, score=self.scorer,
         )
         if resume_from is not None:
             self._restore(resume_from)
@@ -159,6 +171,7 @@ class Learner:
         self._trim_metrics()
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
         self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
+        self.evals = PeriodicEval(cfg, self.model_dir, self._model_files(), self.out)
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.last: dict[str, Any] = {}
         self.upload_ratio: dict[int, float] = {}
@@ -276,6 +289,8 @@ class Learner:
                 t1 = time.time()
                 if version % cfg.kappa == 0 or version == cfg.steps:
                     self.publisher.publish(version)
+                    if self.evals.due(version):
+                        self.evals.start(version, self.publisher.weights_path(version))
                 self.coord.advance(version)
                 self._tick(version)
                 now = time.time()
@@ -292,6 +307,8 @@ class Learner:
                     "rollout/duplicate_total": c["duplicate_samples"],
                     "rollout/invalid_total": c["invalid_samples"],
                     "rollout/leases_expired_total": c["leases_expired"],
+                    "reward/errors_total": c["reward_errors"],
+                    "reward/timeouts_total": c["reward_timeouts"],
                     **{f"ledger/{k}": v for k, v in self.coord.accounting().items()},
                     "workers/active": len(self.coord.active_workers()),
                     **self._bcast_metrics(),
@@ -300,6 +317,7 @@ class Learner:
                     "cost/usd_per_step": self._usd_per_hour() * (now - t0) / 3600.0,
                 })
                 # the model's T_train is all the learner's busy time per step: training plus publishing
+                record.update(self.evals.poll())
                 self.activation.observe_step(record["learner/t_busy_s"])
                 self.metrics.write(record)
                 self.last = record
@@ -315,6 +333,7 @@ class Learner:
             else:
                 self.coord.finish()
                 final = self.checkpoint(cfg.steps)
+                self.evals.poll(wait=True)
                 self._linger()
         finally:
             self.coord.finish()
@@ -323,6 +342,8 @@ class Learner:
             self.node.close()
             self.metrics.close()
             self.activation.close()
+            self.scorer.close()
+            self.evals.close()
         summary = {
             "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
             "start_step": self.start_step, "stopped_at": stopped_at,
@@ -334,6 +355,7 @@ class Learner:
             "bcast_ready_s": {str(k): v for k, v in sorted(self.coord.ready_s.items())},
             "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
             "workers": self.coord.measured(),
+            "eval": self.evals.results,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -82,6 +82,9 @@ class Publisher:
         return {"delta_base": base, "delta_info_hash": torrent.info_hash, "delta_torrent_b64": torrent.b64,
                 "delta_size_bytes": header["delta_bytes"]}
 
+    def weights_path(self, version: int) -> Path:
+        return self.root / version_dir_name(version) / WEIGHTS_FILE
+
     def upload_bytes(self, version: int) -> int:
         """Learner bytes sent for a version: its full torrent plus its delta."""
         return self.node.upload_bytes(version) + self.node.upload_bytes(delta_key(version))

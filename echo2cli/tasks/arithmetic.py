@@ -5,8 +5,9 @@ Difficulty is a mix, because a single level is either solved or hopeless for a 1
 two-digit addition ~1.5 %). The mix below leaves headroom in sampled reward and in greedy
 held-out accuracy; docs/BENCHMARKS.md has the measured base rates.
 
-Reward = 1 if the last integer in the completion equals the answer, else 0. The eval split is the
-set of problems whose stable hash falls in bucket 0 of 10; training never sees them.
+Reward = 1 if the last integer in the completion equals the answer, else 0 (component `correct`;
+`format` = the completion contains an integer at all). The eval split is the set of problems whose
+stable hash falls in bucket 0 of 10; training never sees them. A problem's id is its expression.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 import re
 from collections.abc import Iterator
 
-from echo2cli.tasks import Problem, Split
+from echo2cli.tasks import Problem, Score, Split, chat
 
 _INT = re.compile(r"-?\d+")
 
@@ -40,6 +41,7 @@ def last_int(text: str) -> int | None:
 
 class ArithmeticTask:
     name = "arithmetic"
+    max_new_tokens = 16
 
     def prompts(self, seed: int, split: Split = "train") -> Iterator[Problem]:
         rng = random.Random(seed)
@@ -51,11 +53,13 @@ class ArithmeticTask:
                 continue
             answer = a + b if op == "+" else a - b
             yield Problem(
-                prompt=f"Compute {a} {op} {b}. Reply with only the number.",
+                id=f"{a}{op}{b}",
+                messages=chat(f"Compute {a} {op} {b}. Reply with only the number."),
                 answer=str(answer),
                 meta={"op": op, "a": a, "b": b},
             )
 
-    def reward(self, problem: Problem, completion: str) -> float:
+    def score(self, problem: Problem, completion: str) -> Score:
         got = last_int(completion)
-        return 1.0 if got is not None and str(got) == problem.answer else 0.0
+        correct = 1.0 if got is not None and str(got) == problem.answer else 0.0
+        return Score(correct, {"correct": correct, "format": float(got is not None)})

@@ -35,8 +35,8 @@ def run(tmp_path_factory):
     learner = spawn(
         ["learner", "--out", str(out), "--steps", str(STEPS), "--prompts-per-step", "2", "-G", "4",
          "--max-new-tokens", "8", "-S", str(S), "--port", str(port), "--bt-listen", "127.0.0.1:0",
-         "--checkpoint-every", "0", "--token", "t0k3n", "--quiet"],
-        out / "learner.log",
+         "--checkpoint-every", "0", "--token", "t0k3n", "--eval-every", "2", "--quiet"],
+        out / "learner.log", env={"ECHO2_EVAL_LIMIT": "10", "ECHO2_EVAL_K": "2"},
     )
     url = f"http://127.0.0.1:{port}"
     wait_listening(learner, out)
@@ -104,3 +104,12 @@ def test_every_leased_prompt_is_accounted_for(run):
     assert a["leased"] == a["admitted"] + a["rejected"] + a["expired"] + a["returned"] + a["outstanding"], a
     assert a["admitted"] == a["trained"] + a["waiting"] + a["dropped_stale"], a
     assert a["trained"] == STEPS * 2  # B = 2 prompts per step
+
+
+def test_the_learner_evaluates_every_second_version_beside_training(run):
+    summary = json.loads((run / "summary.json").read_text())
+    assert [e["version"] for e in summary["eval"]] == [2]
+    assert 0.0 <= summary["eval"][0]["greedy_accuracy"] <= 1.0
+    assert json.loads((run / "eval" / "v000002.json").read_text())["problems"] == 10
+    assert not any("eval/failed" in r for r in read_metrics(run / "metrics.jsonl"))
+    assert {"reward/correct", "reward/format", "reward/errors_total"} <= read_metrics(run / "metrics.jsonl")[-1].keys()

@@ -1,0 +1,71 @@
+"""`--eval-every N`: the learner evaluates every N-th version on the task's held-out split, beside training.
+
+Each evaluation is `echo2 eval` in a subprocess (its own vLLM engine) on a model directory made of the
+base model's config and tokenizer and the version's published weights (hard-linked, so pruning the
+version does not disturb it). One runs at a time; a version due while one runs is skipped. Results join
+the next metrics line as `eval/*` (with `eval/version`) and are listed in summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from echo2cli.broadcast.torrent import WEIGHTS_FILE
+from echo2cli.config import LearnerConfig
+
+REPORTED = ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward", "t_eval_s")
+
+
+class PeriodicEval:
+    def __init__(self, cfg: LearnerConfig, model_dir: Path, model_files: list[str], out: Path) -> None:
+        self.cfg, self.model_dir, self.model_files = cfg, model_dir, model_files
+        self.root = out / "eval"
+        self.running: tuple[int, subprocess.Popen] | None = None
+        self.results: list[dict[str, Any]] = []
+
+    def due(self, version: int) -> bool:
+        return bool(self.cfg.eval_every) and version % self.cfg.eval_every == 0 and self.running is None
+
+    def start(self, version: int, weights: Path) -> None:
+        mdir = self.root / f"model_v{version:06d}"
+        shutil.rmtree(mdir, ignore_errors=True)
+        mdir.mkdir(parents=True)
+        for name in self.model_files:
+            shutil.copy2(self.model_dir / name, mdir / name)
+        os.link(weights, mdir / WEIGHTS_FILE)
+        cfg = self.cfg
+        options = [f"--option={k}={json.dumps(v)}" for k, v in cfg.task_options.items()]
+        argv = [sys.executable, "-m", "echo2cli", "eval", "--model", str(mdir), "--task", cfg.task, *options,
+                "--limit", str(cfg.eval_limit), "--k", str(cfg.eval_k), "--max-new-tokens", str(cfg.max_new_tokens),
+                "--seed", str(cfg.seed), "--out", str(self.root / f"v{version:06d}.json"), "--json"]
+        log = open(self.root / f"v{version:06d}.log", "w")
+        self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
+
+    def poll(self, wait: bool = False) -> dict[str, Any]:
+        """`eval/*` of an evaluation that has just finished, else {}."""
+        if self.running is None:
+            return {}
+        version, proc = self.running
+        if wait:
+            proc.wait()
+        if proc.poll() is None:
+            return {}
+        self.running = None
+        shutil.rmtree(self.root / f"model_v{version:06d}", ignore_errors=True)
+        result_file = self.root / f"v{version:06d}.json"
+        if proc.returncode != 0 or not result_file.exists():
+            return {"eval/version": version, "eval/failed": 1}  # the log beside it says why
+        result = json.loads(result_file.read_text())
+        self.results.append({"version": version, **{k: result[k] for k in REPORTED}})
+        return {"eval/version": version, **{f"eval/{k}": result[k] for k in REPORTED}}
+
+    def close(self) -> None:
+        if self.running is not None:
+            self.running[1].kill()
+            self.running[1].wait()

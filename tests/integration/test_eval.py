@@ -1,0 +1,50 @@
+"""`echo2 eval` with real vLLM: a run directory's checkpoint on its own task, and each built-in task on the
+default model. Problems are few (this is about the plumbing; docs/BENCHMARKS.md has 200-problem figures)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from echo2cli.learner.checkpoint import STATE_FILE
+from echo2cli.models import prepare_default_model
+
+pytestmark = pytest.mark.integration
+
+
+def run_eval(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "echo2cli", "eval", "--json", *args], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # vLLM logs its shutdown on stdout after ours: take the result line
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"model"')][-1])
+
+
+def check(result: dict, problems: int) -> None:
+    assert result["problems"] == problems
+    for key in ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward"):
+        assert 0.0 <= result[key] <= 1.0, key
+    assert result["pass_at_k"] >= result["greedy_accuracy"] - 0.5  # k samples rarely do much worse than greedy
+    assert result["reward_errors"] == 0 and result["reward_timeouts"] == 0
+    assert result["examples"] and all(e["prompt"] for e in result["examples"])
+
+
+def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(tmp_path):
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000003"
+    shutil.copytree(prepare_default_model(), ckpt)
+    config = {"task": "arithmetic", "task_options": {}, "max_new_tokens": 8}
+    (ckpt / STATE_FILE).write_text(json.dumps({"step": 3, "config": config, "coordinator": {}}))
+    result = run_eval("--run", str(tmp_path / "run"), "--limit", "12", "--k", "2")
+    check(result, 12)
+    assert result["model"] == str(ckpt) and result["task"] == "arithmetic" and result["max_new_tokens"] == 8
+    written = json.loads((tmp_path / "run" / "eval" / "arithmetic-step_000003.json").read_text())
+    assert written["greedy_accuracy"] == result["greedy_accuracy"]
+
+
+@pytest.mark.parametrize("task", ["math", "poker"])
+def test_eval_of_each_builtin_task_on_the_default_model(task):
+    check(run_eval("--task", task, "--limit", "6", "--k", "2"), 6)
