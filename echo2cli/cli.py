@@ -216,6 +216,7 @@ def eval_(
     option: list[str] = typer.Option([], "--option", help="task option KEY=VALUE (repeatable; VALUE as JSON "
                                      "if it parses, else text), e.g. --option path=gsm8k.jsonl"),
     seed: int = typer.Option(0),
+    kv_cache_gib: float = typer.Option(4.0, help="vLLM KV cache on CPU, GiB: room for many problems at once"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     out: Path | None = typer.Option(None, "--out", help="write the result as JSON here (with --run: default "
                                     "RUN/eval/TASK-step_N.json)"),
@@ -242,7 +243,7 @@ def eval_(
     if max_new_tokens is None:
         max_new_tokens = int(getattr(load_task(task, options), "max_new_tokens", 16))
     result = evaluate(model or "default", task, task_options=options, limit=limit, k=k,
-                      max_new_tokens=max_new_tokens, seed=seed)
+                      max_new_tokens=max_new_tokens, seed=seed, kv_cache_gib=kv_cache_gib)
     if out is None and checkpoint is not None:
         out = Path(run) / "eval" / f"{task.replace(':', '.')}-{checkpoint.name}.json"
     if out is not None:

@@ -54,7 +54,7 @@ def summarize(problems: list[Problem], greedy: list[list[Score]], sampled: list[
 
 def evaluate(
     model: str, task_name: str, *, task_options: Mapping[str, Any] | None = None, limit: int = 200, k: int = 4,
-    max_new_tokens: int = 16, seed: int = 0, reward_timeout_s: float = 5.0,
+    max_new_tokens: int = 16, seed: int = 0, reward_timeout_s: float = 5.0, kv_cache_gib: float = 4.0,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -69,7 +69,7 @@ def evaluate(
     prompts = [list(tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=True,
                                             return_dict=False)) for p in problems]
     t0 = time.perf_counter()
-    engine = Engine(model_dir, seed=seed)
+    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib)  # room for every problem's k samples at once
     t_engine = time.perf_counter() - t0
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s)
 
