@@ -272,10 +272,12 @@ class Learner:
         try:
             for t in range(self.start_step, cfg.steps):
                 t0 = time.time()
-                while not self.stop.is_set() and (groups := self.coord.take_batch()) is None:
-                    time.sleep(0.02)
-                    self._tick(t)
-                if self.stop.is_set():
+                groups = None
+                while groups is None and not self.stop.is_set():
+                    if (groups := self.coord.take_batch()) is None:
+                        time.sleep(0.02)
+                        self._tick(t)
+                if groups is None:  # asked to stop while waiting; a batch once taken is always trained
                     stopped_at = t
                     break
                 t_wait = time.time() - t0
