@@ -3,8 +3,11 @@ optimizer and RNG come back bit for bit, and a failed write never harms the prev
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -124,38 +127,33 @@ def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
         find_checkpoint(tmp_path)
 
 
-def test_a_really_full_disk_is_a_one_line_error_and_spoils_nothing(tiny_model_dir, tmp_path):  # noqa: F811
-    import subprocess
-
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)],
+@contextlib.contextmanager
+def small_disk(where: Path, size: str):
+    """A tmpfs of `size` mounted at `where` (skips the test where mounting needs root we lack)."""
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                       capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a small tmpfs")
     try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_really_full_disk_is_a_one_line_error_and_spoils_nothing(tiny_model_dir, tmp_path):  # noqa: F811
+    with small_disk(tmp_path / "small", "96k") as mount:
         trainer = make_trainer(tiny_model_dir)
         write_checkpoint(mount / "checkpoints" / "step_000001", fake_writer(b"good"), {"step": 1})
         with pytest.raises(DiskFullError, match="disk full writing checkpoint"):
             write_checkpoint(mount / "checkpoints" / "step_000002", trainer.save_checkpoint, {"step": 2})
         assert [p.name for p in (mount / "checkpoints").iterdir()] == ["step_000001"]
         assert (find_checkpoint(mount) / "model.safetensors").read_bytes() == b"good"
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 def test_a_full_disk_while_publishing_a_version_is_a_disk_full_error(tiny_model_dir, tmp_path):  # noqa: F811
-    import subprocess
-
     from echo2cli.learner.publisher import Publisher
 
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with small_disk(tmp_path / "small", "16k") as mount:
         publisher = Publisher(make_trainer(tiny_model_dir), None, None, mount / "versions", "http://t", keep=2)
         with pytest.raises(DiskFullError, match="disk full writing version 0"):
             publisher.publish(0)
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
