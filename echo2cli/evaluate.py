@@ -53,8 +53,16 @@ def summarize(problems: list[Problem], greedy: list[list[Score]], sampled: list[
 
 
 def evaluate(
-    model: str, task_name: str, *, task_options: Mapping[str, Any] | None = None, limit: int = 200, k: int = 4,
-    max_new_tokens: int = 16, seed: int = 0, reward_timeout_s: float = 5.0, kv_cache_gib: float = 4.0,
+    model: str,
+    task_name: str,
+    *,
+    task_options: Mapping[str, Any] | None = None,
+    limit: int = 200,
+    k: int = 4,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    reward_timeout_s: float = 5.0,
+    kv_cache_gib: float = 4.0,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -66,31 +74,48 @@ def evaluate(
     if not problems:
         raise ValueError(f"task {task_name!r} has no eval problems")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [list(tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)) for p in problems]
+    prompts = [
+        list(tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=True, return_dict=False))
+        for p in problems
+    ]
     t0 = time.perf_counter()
-    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib)  # room for every problem's k samples at once
+    # room for every problem's k samples at once; every CPU, since nothing else runs on this engine's machine
+    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True)
     t_engine = time.perf_counter() - t0
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s)
-
-    def run(n: int, temperature: float) -> tuple[list[list[Score]], list[list[str]]]:
-        groups = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-        texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
-        return [scorer(p, t) for p, t in zip(problems, texts, strict=True)], texts
-
     try:
         t1 = time.perf_counter()
-        greedy, greedy_texts = run(1, 0.0)
-        sampled, _ = run(k, 1.0) if k > 0 else ([[s] for s in (g[0] for g in greedy)], None)
+        # One batch: each prompt once greedy and (k > 0) once with k samples at temperature 1; the two
+        # requests of a prompt share its prefill through vLLM's prefix cache.
+        requests = [(p, 1, 0.0) for p in prompts] + ([(p, k, 1.0) for p in prompts] if k > 0 else [])
+        groups = engine.generate(
+            [r[0] for r in requests],
+            n=[r[1] for r in requests],
+            temperature=[r[2] for r in requests],
+            max_new_tokens=max_new_tokens,
+        )
+        texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
+        scores = [scorer(p, t) for p, t in zip(problems * (2 if k > 0 else 1), texts, strict=True)]
+        greedy, greedy_texts = scores[: len(problems)], texts[: len(problems)]
+        sampled = scores[len(problems) :] if k > 0 else greedy
         t_generate = time.perf_counter() - t1
     finally:
         scorer.close()
+        engine.close()
     return {
-        "model": str(model_dir), "task": task.name, "problems": len(problems), "k": k,
-        "max_new_tokens": max_new_tokens, "seed": seed,
+        "model": str(model_dir),
+        "task": task.name,
+        "problems": len(problems),
+        "k": k,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
         **summarize(problems, greedy, sampled),
-        "reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts,
-        "t_engine_s": t_engine, "t_eval_s": t_generate,
-        "examples": [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "greedy": t[0], "reward": g[0].reward}
-                     for p, t, g in itertools.islice(zip(problems, greedy_texts, greedy, strict=True), 5)],
+        "reward_errors": scorer.errors,
+        "reward_timeouts": scorer.timeouts,
+        "t_engine_s": t_engine,
+        "t_eval_s": t_generate,
+        "examples": [
+            {"id": p.id, "prompt": p.prompt, "answer": p.answer, "greedy": t[0], "reward": g[0].reward}
+            for p, t, g in itertools.islice(zip(problems, greedy_texts, greedy, strict=True), 5)
+        ],
     }

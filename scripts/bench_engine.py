@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_engine.py --baseline compiled   # torch.compile warm-up vs eager
     .venv/bin/python scripts/bench_engine.py --baseline bf16       # emulated bf16 vs fp32 (CPU without bf16)
+    .venv/bin/python scripts/bench_engine.py --baseline block128   # vLLM's 128-token KV blocks vs echo2's 32
 
 Each variant: start an engine on the default model, then 3 timed batches of the demo's shape
 (4 prompts x G=8 samples, 16 new tokens, temperature 1), then one hot reload of the same weights.
@@ -20,9 +21,10 @@ import sys
 import time
 
 VARIANTS = {
-    "echo2": {"enforce_eager": True, "dtype": "auto"},
-    "compiled": {"enforce_eager": False, "dtype": "auto"},
-    "bf16": {"enforce_eager": True, "dtype": "bfloat16"},
+    "echo2": {"enforce_eager": True, "dtype": "auto", "block_size": 32},
+    "compiled": {"enforce_eager": False, "dtype": "auto", "block_size": 32},
+    "bf16": {"enforce_eager": True, "dtype": "bfloat16", "block_size": 32},
+    "block128": {"enforce_eager": True, "dtype": "auto", "block_size": 128},  # vLLM's CPU default
 }
 
 
@@ -38,19 +40,20 @@ def child(variant: str) -> None:
     dtype = compute_dtype(_has_cuda()) if settings["dtype"] == "auto" else settings["dtype"]
     t0 = time.perf_counter()
     llm = LLM(model=str(model), dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=1 << 30,
-              enforce_eager=settings["enforce_eager"], seed=0)
+              enforce_eager=settings["enforce_eager"], block_size=settings["block_size"], seed=0)
     start_s = time.perf_counter() - t0
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": f"Compute {a} + {a + 3}. Reply with only the number."}],
-                                add_generation_prompt=True, tokenize=True, return_dict=False)
-        for a in range(4)
-    ]
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(n=8, temperature=1.0, max_tokens=16, logprobs=0, seed=0)
     rates = []
-    for _ in range(3):
+    for batch in range(3):  # new prompts each batch, as in training: nothing cached from the one before
+        prompts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"Compute {a} + {a + 3}. Reply with only the number."}],
+                add_generation_prompt=True, tokenize=True, return_dict=False)
+            for a in range(4 * batch, 4 * batch + 4)
+        ]
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         n = sum(len(c.token_ids) for o in outs for c in o.outputs)
@@ -74,7 +77,7 @@ def run_variant(variant: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
-    ap.add_argument("--baseline", choices=["compiled", "bf16"], default="compiled")
+    ap.add_argument("--baseline", choices=["compiled", "bf16", "block128"], default="compiled")
     args = ap.parse_args()
     if args.child:
         child(args.child)

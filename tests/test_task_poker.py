@@ -208,8 +208,9 @@ def test_prompts_show_cards_and_legal_actions(problems):
         assert (f"call {m['to_call']}" in legal) == (m["to_call"] > 0)
         assert f"raise to {m['min_raise_to']}-{m['max_raise_to']}" in legal
         assert f"Your cards: {m['hole']}" in problem.prompt
-        assert "ACTION:" in problem.prompt
+        assert f"Pot: {m['pot']} " in problem.prompt
         assert problem.messages[0]["role"] == "system"
+        assert "ACTION: raise <total>" in problem.messages[0]["content"]  # the answer format
 
 
 def test_load_task_builds_the_poker_task_with_options():

@@ -7,7 +7,8 @@ held-out accuracy; docs/BENCHMARKS.md has the measured base rates.
 
 Reward = 1 if the last integer in the completion equals the answer, else 0 (component `correct`;
 `format` = the completion contains an integer at all). The eval split is the set of problems whose
-stable hash falls in bucket 0 of 10; training never sees them. A problem's id is its expression.
+stable hash falls in buckets 0-2 of 10 (340 of the 1,090 distinct problems, so a 200-problem eval has room);
+training never sees them. A problem's id is its expression.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ _INT = re.compile(r"-?\d+")
 # (weight, op, range of a, range of b)
 LEVELS: list[tuple[float, str, tuple[int, int], tuple[int, int]]] = [
     (0.5, "+", (0, 9), (0, 9)),
-    (0.25, "+", (10, 49), (0, 9)),
+    (0.25, "+", (10, 99), (0, 9)),
     (0.25, "-", (5, 19), (0, 5)),
 ]
 
 
 def _is_eval(op: str, a: int, b: int) -> bool:
     digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
-    return digest[0] % 10 == 0
+    return digest[0] % 10 < 3
 
 
 def last_int(text: str) -> int | None:

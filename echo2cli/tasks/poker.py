@@ -81,12 +81,13 @@ _VERB = re.compile(
     r"(fold|check|call|all[- ]?in|raise|bet)\b(?:\s+(?:to\s+)?(all[- ]?in|\$?\d(?:[\d,]*\d)?(?!\.?\d)))?"
 )
 
+# The prompt is kept short: on a 2-core CPU the prompt's prefill is most of an eval's cost (348 tokens
+# for the first eval problem with the wordier version this replaced, 175 with this one).
 SYSTEM = (
-    "You play one decision of heads-up no-limit Texas hold'em (blinds 1/2, amounts in chips). "
-    "Your opponent's cards are unknown: every hand you cannot see is equally likely. "
-    "Choose the action with the highest expected value. End your reply with one line: "
-    "`ACTION: fold`, `ACTION: check`, `ACTION: call` or `ACTION: raise <amount>`, where <amount> is the total "
-    "your bet on this street becomes (also for an opening bet); `ACTION: all-in` bets your whole stack."
+    "Heads-up no-limit hold'em, blinds 1/2, amounts in chips. The opponent's cards are unknown. "
+    "Choose the action with the highest expected value and end with one line: `ACTION: fold`, "
+    "`ACTION: check`, `ACTION: call`, `ACTION: raise <total>` (what your bet on this street becomes) "
+    "or `ACTION: all-in`."
 )
 
 
@@ -367,24 +368,20 @@ def random_spot(rng: random.Random, stack: int) -> Spot:
 
 def prompt(spot: Spot) -> str:
     position = (
-        "the button (small blind: first to act before the flop, last after it)"
-        if spot.seat == "BTN"
-        else "the big blind (last to act before the flop, first after it)"
+        "button: acts first preflop, last after" if spot.seat == "BTN" else "big blind: acts last preflop, first after"
     )
     options = [f"call {spot.to_call}" if a == "call" else a for a in spot.legal if a != "raise"]
     if "raise" in spot.legal:
         options.append(f"raise to {spot.min_raise_to}-{spot.max_raise_to} ({spot.max_raise_to} is all-in)")
     return "\n".join(
         [
-            f"You are {spot.seat}, {position}. Both players started with {spot.stack} chips; blinds 1/2.",
+            f"You are {spot.seat} ({position}), {spot.stack} chips each at the start.",
             f"Your cards: {spot.hole}",
-            f"Board: {spot.board or 'none yet'} ({spot.street})",
-            f"Action so far: {spot.history}",
-            f"Pot: {spot.pot} (with this street's bets: yours {spot.hero_bet}, opponent's {spot.opp_bet})",
-            f"Stacks behind: you {spot.hero_stack}, opponent {spot.opp_stack}",
-            f"To call: {spot.to_call}",
+            f"Board: {spot.board or 'none'} ({spot.street})",
+            f"Action: {spot.history}",
+            f"Pot: {spot.pot} (this street: you {spot.hero_bet}, opponent {spot.opp_bet}). "
+            f"Behind: you {spot.hero_stack}, opponent {spot.opp_stack}.",
             f"Legal actions: {', '.join(options)}",
-            "Answer with a last line `ACTION: fold`, `ACTION: check`, `ACTION: call` or `ACTION: raise <total>`.",
         ]
     )
 
@@ -394,7 +391,7 @@ class PokerTask:
     each player starts with (blinds 1/2, so 200 = 100 big blinds)."""
 
     name = "poker"
-    max_new_tokens = 32  # a suggestion for `echo2 eval`: the answer is one ACTION line
+    max_new_tokens = 16  # a suggestion for `echo2 eval`: the answer is one ACTION line ("ACTION: raise 120" is 7)
 
     def __init__(self, equity_samples: int = 400, stack: int = 200) -> None:
         if equity_samples < 1:

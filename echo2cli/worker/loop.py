@@ -361,6 +361,8 @@ class Worker:
             self.node.close()
             self.events.close()
             self.client.close()
+            if self.engine is not None:
+                self.engine.close()
         return stats
 
 
