@@ -30,6 +30,15 @@ def test_eval_split_is_disjoint_from_training():
     assert held_out and not train & held_out
 
 
+def test_eval_split_has_room_for_200_distinct_problems_of_every_level():
+    from echo2cli.evaluate import eval_problems
+
+    problems = eval_problems(ArithmeticTask(), 200, seed=0)
+    assert len({p.id for p in problems}) == 200
+    assert {p.meta["op"] for p in problems} == {"+", "-"}
+    assert any(p.meta["a"] < 10 for p in problems) and any(p.meta["a"] >= 50 for p in problems)
+
+
 def test_unknown_task_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown task"):
         load_task("chess")
