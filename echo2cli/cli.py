@@ -6,6 +6,7 @@ are `Echo2Error`s and print one line, `echo2: error: ...`, with exit code 2 — 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -209,6 +210,8 @@ def eval_(
     model: str | None = typer.Option(None, help="'default' or an HF model directory (a checkpoint is one)"),
     run: Path | None = typer.Option(None, "--run", help="a learner run directory: its newest checkpoint, task, "
                                     "task options and completion length"),
+    version: int | None = typer.Option(None, "--version", help="with --run: a published version "
+                                       "(RUN/versions/vN, the newest S+1 are kept) instead of the checkpoint"),
     limit: int = typer.Option(200, help="held-out problems (the first N distinct ones of the eval split)"),
     k: int = typer.Option(4, help="samples per problem at temperature 1 for pass@k (0 = greedy only)"),
     max_new_tokens: int | None = typer.Option(None, help="completion length cap (default: the run's, or the "
@@ -224,11 +227,13 @@ def eval_(
     """Held-out greedy accuracy and pass@k of a model or a run's checkpoint on a task, with vLLM."""
     from rich.table import Table
 
-    from echo2cli.evaluate import evaluate
+    from echo2cli.evaluate import evaluate, published_version
     from echo2cli.tasks import load_task
 
     options: dict[str, Any] = {}
     checkpoint = None
+    if version is not None and run is None:
+        raise ConfigError("--version needs --run: the run directory whose published version to evaluate")
     if run is not None:
         from echo2cli.learner.checkpoint import find_checkpoint, read_state
 
@@ -242,10 +247,14 @@ def eval_(
     options.update(_parse_options(option))
     if max_new_tokens is None:
         max_new_tokens = int(getattr(load_task(task, options), "max_new_tokens", 16))
-    result = evaluate(model or "default", task, task_options=options, limit=limit, k=k,
-                      max_new_tokens=max_new_tokens, seed=seed, kv_cache_gib=kv_cache_gib)
+    with contextlib.ExitStack() as stack:
+        if version is not None:
+            model = str(stack.enter_context(published_version(Path(run), version, checkpoint)))
+        result = evaluate(model or "default", task, task_options=options, limit=limit, k=k,
+                          max_new_tokens=max_new_tokens, seed=seed, kv_cache_gib=kv_cache_gib)
     if out is None and checkpoint is not None:
-        out = Path(run) / "eval" / f"{task.replace(':', '.')}-{checkpoint.name}.json"
+        name = f"v{version:06d}" if version is not None else checkpoint.name
+        out = Path(run) / "eval" / f"{task.replace(':', '.')}-{name}.json"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

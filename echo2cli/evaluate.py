@@ -1,7 +1,7 @@
 """`echo2 eval`: a model on a task's held-out split with vLLM — greedy accuracy and pass@k.
 
     model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, and by default its
-            task, task options and completion length)
+            task, task options and completion length; `--version N`: the version N it published instead)
     greedy  one completion per problem at temperature 0: mean reward, mean of each reward component,
             accuracy = the share solved
     pass@k  k completions per problem at temperature 1: the share of problems with at least one solved
@@ -15,15 +15,46 @@ distinct ids of the eval split for the seed.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from echo2cli.models import resolve_model
+from echo2cli.errors import ConfigError
+from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.tasks import Problem, Score, load_task
 from echo2cli.tasks.scoring import Scorer
+
+
+@contextlib.contextmanager
+def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Path]:
+    """A model directory for a run's published version: the checkpoint's config and tokenizer files and
+    the version's weights (hard-linked), removed afterwards."""
+    from echo2cli.broadcast.torrent import WEIGHTS_FILE
+    from echo2cli.learner.publisher import version_dir_name
+
+    weights = run / "versions" / version_dir_name(version) / WEIGHTS_FILE
+    if not weights.is_file():
+        kept = sorted(int(d.name[1:]) for d in (run / "versions").glob("v[0-9]*") if (d / WEIGHTS_FILE).is_file())
+        raise ConfigError(f"version {version} is not in {run / 'versions'} (kept: {kept or 'none'}; the learner "
+                          f"keeps the newest S+1): evaluate a checkpoint with --run alone")
+    mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
+    try:
+        for name in MODEL_FILES:
+            if (checkpoint / name).exists() and name != WEIGHTS_FILE:
+                shutil.copy2(checkpoint / name, mdir / name)
+        try:
+            os.link(weights, mdir / WEIGHTS_FILE)
+        except OSError:  # another filesystem
+            shutil.copy2(weights, mdir / WEIGHTS_FILE)
+        yield mdir
+    finally:
+        shutil.rmtree(mdir, ignore_errors=True)
 
 
 def solved(score: Score) -> bool:

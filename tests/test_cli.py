@@ -83,3 +83,22 @@ def test_tls_with_a_missing_key_file_is_one_line(tmp_path):
     line = one_line_error(run_cli("learner", "--tls-cert", str(tmp_path / "cert.pem"), "--out", str(tmp_path / "o"),
                                   "--port", "0"))
     assert "tls_cert and tls_key" in line
+
+
+def test_eval_of_a_version_the_run_no_longer_keeps_is_one_line(tmp_path):
+    import json
+
+    from echo2cli.learner.checkpoint import STATE_FILE
+
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text(json.dumps({"step": 2, "config": {"task": "arithmetic"}, "coordinator": {}}))
+    (tmp_path / "versions" / "v000002").mkdir(parents=True)
+    (tmp_path / "versions" / "v000002" / "model.safetensors").write_bytes(b"x")
+    proc = run_cli("eval", "--run", str(tmp_path), "--version", "1")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"echo2: error: version 1 is not in {tmp_path / 'versions'} (kept: [2]; the learner keeps the newest S+1): "
+        "evaluate a checkpoint with --run alone"
+    ]
+    assert "needs --run" in run_cli("eval", "--version", "1").stderr

@@ -1,5 +1,6 @@
-"""`echo2 eval` with real vLLM: a run directory's checkpoint on its own task, and each built-in task on the
-default model. Problems are few (this is about the plumbing; docs/BENCHMARKS.md has 200-problem figures)."""
+"""`echo2 eval` with real vLLM: a run directory's checkpoint and a published version on the run's task, and
+each built-in task on the default model. Problems are few (this is about the plumbing; docs/BENCHMARKS.md
+has 200-problem figures)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,17 @@ def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(tmp_path):
     assert result["model"] == str(ckpt) and result["task"] == "arithmetic" and result["max_new_tokens"] == 8
     written = json.loads((tmp_path / "run" / "eval" / "arithmetic-step_000003.json").read_text())
     assert written["greedy_accuracy"] == result["greedy_accuracy"]
+
+    # a published version: the same weights as the checkpoint here, so the same greedy answers
+    vdir = tmp_path / "run" / "versions" / "v000004"
+    vdir.mkdir(parents=True)
+    shutil.copy2(ckpt / "model.safetensors", vdir / "model.safetensors")
+    by_version = run_eval("--run", str(tmp_path / "run"), "--version", "4", "--limit", "12", "--k", "2")
+    check(by_version, 12)
+    assert "eval-v4-" in by_version["model"] and by_version["max_new_tokens"] == 8
+    assert [e["greedy"] for e in by_version["examples"]] == [e["greedy"] for e in result["examples"]]
+    assert (tmp_path / "run" / "eval" / "arithmetic-v000004.json").exists()
+    assert not list((tmp_path / "run").glob("eval-v4-*"))  # the model directory is removed afterwards
 
 
 @pytest.mark.parametrize("task", ["math", "poker"])
