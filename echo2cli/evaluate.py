@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import shutil
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.errors import ConfigError
-from echo2cli.models import MODEL_FILES, resolve_model
+from echo2cli.models import model_dir_with_weights, resolve_model
 from echo2cli.tasks import Problem, Score, load_task
 from echo2cli.tasks.scoring import Scorer
 
@@ -45,14 +44,7 @@ def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Pat
                           f"keeps the newest S+1): evaluate a checkpoint with --run alone")
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
-        for name in MODEL_FILES:
-            if (checkpoint / name).exists() and name != WEIGHTS_FILE:
-                shutil.copy2(checkpoint / name, mdir / name)
-        try:
-            os.link(weights, mdir / WEIGHTS_FILE)
-        except OSError:  # another filesystem
-            shutil.copy2(weights, mdir / WEIGHTS_FILE)
-        yield mdir
+        yield model_dir_with_weights(mdir, checkpoint, weights)
     finally:
         shutil.rmtree(mdir, ignore_errors=True)
 

@@ -29,6 +29,20 @@ MODEL_FILES = (
 )
 
 
+def model_dir_with_weights(dest: Path, config_from: Path, weights: Path) -> Path:
+    """`dest` as a model directory: the config and tokenizer files of `config_from` and `weights` hard-linked
+    (copied across filesystems), so pruning the original leaves it whole."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        if (config_from / name).exists():
+            shutil.copy2(config_from / name, dest / name)
+    try:
+        os.link(weights, dest / weights.name)
+    except OSError:
+        shutil.copy2(weights, dest / weights.name)
+    return dest
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("ECHO2_CACHE", Path.home() / ".cache" / "echo2"))
 

@@ -171,7 +171,7 @@ class Learner:
         self._trim_metrics()
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
         self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
-        self.evals = PeriodicEval(cfg, self.model_dir, self._model_files(), self.out)
+        self.evals = PeriodicEval(cfg, self.model_dir, self.out)
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.last: dict[str, Any] = {}
         self.upload_ratio: dict[int, float] = {}

@@ -9,22 +9,21 @@ the next metrics line as `eval/*` (with `eval/version`) and are listed in summar
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from echo2cli.broadcast.torrent import WEIGHTS_FILE
 from echo2cli.config import LearnerConfig
+from echo2cli.models import model_dir_with_weights
 
 REPORTED = ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward", "t_eval_s")
 
 
 class PeriodicEval:
-    def __init__(self, cfg: LearnerConfig, model_dir: Path, model_files: list[str], out: Path) -> None:
-        self.cfg, self.model_dir, self.model_files = cfg, model_dir, model_files
+    def __init__(self, cfg: LearnerConfig, model_dir: Path, out: Path) -> None:
+        self.cfg, self.model_dir = cfg, model_dir
         self.root = out / "eval"
         self.running: tuple[int, subprocess.Popen] | None = None
         self.results: list[dict[str, Any]] = []
@@ -35,17 +34,14 @@ class PeriodicEval:
     def start(self, version: int, weights: Path) -> None:
         mdir = self.root / f"model_v{version:06d}"
         shutil.rmtree(mdir, ignore_errors=True)
-        mdir.mkdir(parents=True)
-        for name in self.model_files:
-            shutil.copy2(self.model_dir / name, mdir / name)
-        os.link(weights, mdir / WEIGHTS_FILE)
+        model_dir_with_weights(mdir, self.model_dir, weights)
         cfg = self.cfg
         options = [f"--option={k}={json.dumps(v)}" for k, v in cfg.task_options.items()]
         argv = [sys.executable, "-m", "echo2cli", "eval", "--model", str(mdir), "--task", cfg.task, *options,
                 "--limit", str(cfg.eval_limit), "--k", str(cfg.eval_k), "--max-new-tokens", str(cfg.max_new_tokens),
                 "--seed", str(cfg.seed), "--out", str(self.root / f"v{version:06d}.json"), "--json"]
-        log = open(self.root / f"v{version:06d}.log", "w")
-        self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
+        with open(self.root / f"v{version:06d}.log", "w") as log:  # the child keeps its own handle
+            self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
 
     def poll(self, wait: bool = False) -> dict[str, Any]:
         """`eval/*` of an evaluation that has just finished, else {}."""
