@@ -338,7 +338,8 @@ class Learner:
                 self.evals.poll(wait=True)
                 self._linger()
         finally:
-            self.coord.finish()
+            # Not `coord.finish()`: only a run that reached its last step says "finished". A stop request,
+            # a full disk or a crash must leave workers retrying, so they join the resumed learner.
             server.should_exit = True
             thread.join(timeout=10)
             self.node.close()

@@ -151,7 +151,9 @@ def churn(tmp_path_factory):
         time.sleep(LEASE_TIMEOUT_S + 2)  # the last leases expire while this learner runs
         # phase 2: graceful restart
         stopped = learner.stop()
-        report["graceful"] = {"stopped_at": stopped["stopped_at"], "ledger": stopped["ledger"]}
+        time.sleep(5)  # a worker told "finished" would leave and exit now
+        report["graceful"] = {"stopped_at": stopped["stopped_at"], "ledger": stopped["ledger"],
+                              "workers_alive": [p.poll() is None for p in steady]}
         learner.start("--resume", str(out), "--checkpoint-every", "1")
         report["graceful"]["resumed_at"] = learner.step()
         learner.wait_step(stopped["stopped_at"] + 2)
@@ -198,6 +200,11 @@ def test_churn_loses_nothing_and_trains_nothing_twice(churn):
 def test_learner_resumes_at_the_same_step_after_sigterm(churn):
     _, report = churn
     assert report["graceful"]["resumed_at"] == report["graceful"]["stopped_at"]
+
+
+def test_workers_are_not_told_finished_when_the_learner_is_stopped(churn):
+    _, report = churn
+    assert report["graceful"]["workers_alive"] == [True, True]
 
 
 def test_learner_resumes_after_sigkill_with_at_most_one_step_redone(churn):
