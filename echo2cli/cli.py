@@ -164,6 +164,7 @@ def worker(
     dtype: str | None = typer.Option(None, help="engine dtype: auto | bfloat16 | float32"),
     bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
     uplink_mbps: float | None = typer.Option(None, help="cap this worker's torrent upload"),
+    downlink_mbps: float | None = typer.Option(None, help="cap this worker's torrent download"),
     usd_per_hour: float | None = typer.Option(None, help="price of this worker in $/h; the learner activates "
                                               "the cheapest workers per rollout first"),
     max_rollouts_per_s: float | None = typer.Option(None, help="throttle generation to this many rollouts/s "
@@ -176,8 +177,8 @@ def worker(
     cfg = load_config(WorkerConfig, config, _flags(
         join=join, token=token, token_file=token_file, ca_cert=ca_cert, name=name, work_dir=work_dir,
         prompts_per_lease=prompts_per_lease, kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen,
-        uplink_mbps=uplink_mbps, usd_per_hour=usd_per_hour, max_rollouts_per_s=max_rollouts_per_s,
-        learner_restart_s=learner_restart_s,
+        uplink_mbps=uplink_mbps, downlink_mbps=downlink_mbps, usd_per_hour=usd_per_hour,
+        max_rollouts_per_s=max_rollouts_per_s, learner_restart_s=learner_restart_s,
     ), "worker")
     from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
 

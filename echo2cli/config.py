@@ -112,6 +112,8 @@ class WorkerConfig(_Config):
     dtype: str = Field("auto", description="engine compute dtype: auto | bfloat16 | float32")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload (0 = none)")
+    downlink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent download, e.g. to "
+                                 "emulate a slow link or leave bandwidth to others (0 = none)")
     usd_per_hour: float = Field(0.0, ge=0.0, description="price of this worker, for cost-aware activation")
     max_rollouts_per_s: float = Field(0.0, ge=0.0, description="throttle generation to this rate, emulating a "
                                       "slower GPU (0 = no throttle)")

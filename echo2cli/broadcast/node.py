@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from echo2cli.broadcast.tracker import ANNOUNCE_INTERVAL_S
 from echo2cli.errors import BroadcastError
 
 
@@ -102,6 +103,11 @@ class TorrentNode:
             "strict_end_game_mode": False,
             "close_redundant_connections": False,  # slot gates make interest come and go: stay connected
             "stop_tracker_timeout": 1,
+            # libtorrent re-announces no more often than this (default 300 s) whatever the tracker asks, and
+            # echo2's tracker forgets a peer 3 intervals after its last announce: with the default, a version's
+            # seeds vanished from the tracker 30 s after it was published, and a worker that started fetching
+            # it later (a late joiner, a slow link) found no peer at all.
+            "min_announce_interval": ANNOUNCE_INTERVAL_S,
             "upload_rate_limit": upload_limit_bytes_s,
             "download_rate_limit": download_limit_bytes_s,
             "user_agent": "echo2",

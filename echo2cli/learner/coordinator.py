@@ -508,10 +508,14 @@ class Coordinator:
             self.policies[policy.version] = policy
 
     def latest_policy(self, worker_id: str | None = None) -> PolicyInfo:
-        """The newest version; for a worker, with its fetch slot among the active workers (join order)."""
+        """The newest version; for a worker, with its fetch slot among the active workers (join order).
+        A worker that asks is about to fetch it: until its heartbeat says otherwise, it is downloading it."""
         with self.lock:
             policy = self.policies[max(self.policies)]
             active = self.active_workers()
+            w = self.workers.get(worker_id or "")
+            if w is not None and not w.left and policy.version > w.version_loaded:
+                w.downloading_version = policy.version
         if worker_id in active:
             policy = policy.model_copy(update={"slot": active.index(worker_id), "slots": len(active)})
         return policy
@@ -520,16 +524,26 @@ class Coordinator:
         with self.lock:
             self.finished = True
 
+    def versions_in_download(self) -> set[int]:
+        """Versions that live workers are fetching: the publisher keeps seeding them, however old, or a worker
+        on a slow link would wait forever for a version nobody seeds any more."""
+        with self.lock:
+            return {v for w in self.active_workers() if (v := self.workers[w].downloading_version) is not None}
+
     def update_bcast(self) -> list[int]:
-        """Per version v, once every active worker generates with v or newer:
+        """Per version v, once every worker of v's fleet generates with v or newer:
         T_bcast(v) = publish -> the last of them generating with it (`bcast_s`), and
         T_ready(v) = publish -> the last of them holding it downloaded, plus the slowest one's swap work
         (`ready_s`): T_bcast without the wait for a lease in progress to end — the capacity model's T_bcast,
-        since the model accounts for whole leases itself. Returns the versions newly measured."""
+        since the model accounts for whole leases itself. Returns the versions newly measured.
+        v's fleet: the active workers that were already generating when v was published (all active workers
+        if none was), so a late joiner still fetching its first version does not hold every measurement up."""
         with self.lock:
-            active = [self.workers[w] for w in self.active_workers()]
+            live = [self.workers[w] for w in self.active_workers()]
             newly = []
             for v, policy in self.policies.items():
+                active = [w for w in live if w.first_seen_with and min(w.first_seen_with.values())
+                          <= policy.published_at] or live
                 if v in self.bcast_s or not active:
                     continue
                 firsts = [min((t for x, t in w.first_seen_with.items() if x >= v), default=None) for w in active]

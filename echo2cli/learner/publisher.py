@@ -6,7 +6,8 @@ the previous version fetches a few percent of the bytes and rebuilds the file. T
 for workers without the base (late joiners, laggards).
 
 The learner is each version's first seed. Versions older than S + 1 behind the latest can no longer
-produce admissible rollouts, so they are dropped from the session and from disk.
+produce admissible rollouts, so they are dropped from the session and from disk — unless a joined worker is
+still fetching one (its first version, on a slow link): that one is seeded until the worker has it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from echo2cli.errors import DiskFullError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.trainer import Trainer
 from echo2cli.protocol import PolicyInfo
+
+MAX_HELD_FOR_DOWNLOADS = 4  # old versions kept past S + 1 for workers still fetching them (bounds disk use)
 
 
 def version_dir_name(version: int) -> str:
@@ -90,7 +93,12 @@ class Publisher:
         return self.node.upload_bytes(version) + self.node.upload_bytes(delta_key(version))
 
     def _prune(self, latest: int) -> None:
-        for version in [v for v in self.sizes if v < latest - self.keep]:
+        """Drop versions more than `keep` behind, except those a live worker is still fetching (a late joiner
+        on a slow link), up to MAX_HELD_FOR_DOWNLOADS of them: nobody else seeds a version once it is pruned."""
+        old = sorted(v for v in self.sizes if v < latest - self.keep)
+        wanted = self.coord.versions_in_download()
+        held = [v for v in old if v in wanted][-MAX_HELD_FOR_DOWNLOADS:]
+        for version in [v for v in old if v not in held]:
             self.node.remove(version, delete_dir=self.root / version_dir_name(version))
             self.node.remove(delta_key(version), delete_dir=self.root / delta_dir_name(version))
             del self.sizes[version], self.hashes[version]

@@ -4,6 +4,10 @@
     loop:  swap in a finished download (verified) → lease prompts → generate G samples each → submit
     a newer version announced (lease reply or heartbeat)? start fetching it at once, in the background
     (libtorrent threads), so it downloads while the current lease generates
+    a download in progress is finished before the newest version is fetched (the learner keeps seeding a
+    version while a joined worker fetches it), unless it stalls for FETCH_STALL_S: on a slow link a 3 GB
+    version can take longer than several learner steps, and abandoning it for each newer one would never
+    finish anything. This holds from the first fetch on, while the engine is not even started.
     Ctrl-C / SIGTERM / learner finished: hand back leases, leave, stop.
     learner gone: retry with backoff for up to learner_restart_s; when it is back (resumed from a
     checkpoint, same run id) join again and go on with the engine and versions held. If it resumed at a
@@ -35,6 +39,7 @@ from echo2cli.tls import trust_for_torrents
 from echo2cli.worker.client import LearnerClient
 
 FETCH_ATTEMPTS = 3
+FETCH_STALL_S = 60.0  # a download without a byte for this long gives way to the newest version
 
 
 class Worker:
@@ -64,6 +69,7 @@ class Worker:
         # `downloading`, `loaded` and the torrent session's transfers.
         self._fetch_lock = threading.Lock()
         self._engine_up = False
+        self._progress = (0, time.monotonic())  # bytes of the pending download, when they last grew
         self.events: MetricsWriter | None = None
 
     # -- versions ------------------------------------------------------------------------------------
@@ -78,6 +84,7 @@ class Worker:
         if torrent.info_hash != policy.info_hash:
             raise BroadcastError(f"torrent of version {policy.version} does not match its announced info-hash")
         self.downloading, self._via = policy, "full"
+        self._progress = (0, time.monotonic())
         if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
             delta = TorrentFile.from_b64(policy.delta_torrent_b64)
             if delta.info_hash == policy.delta_info_hash:
@@ -110,9 +117,11 @@ class Worker:
 
     def _download_done(self) -> bool:
         """Poll the swarm; True once the pending version is complete and its SHA-256 verified."""
-        assert self.node is not None and self.downloading is not None
+        assert self.node is not None
         self.node.poll()
         policy = self.downloading
+        if policy is None:  # a stalled fetch was dropped and its successor not started yet
+            return False
         if self._verified == policy.version:
             return True
         if self._via == "delta":
@@ -143,32 +152,53 @@ class Worker:
             time.sleep(0.05)
 
     def _maybe_fetch(self, latest: int, block: bool = True) -> None:
-        """Start fetching the newest version if it is newer than what we hold or fetch."""
+        """Start fetching the newest version if it is newer than what we hold, and nothing is in progress
+        (or what is in progress has stalled: then it is dropped)."""
         if not self._fetch_lock.acquire(blocking=block):
             return  # the main loop is swapping; the next heartbeat tries again
         try:
-            if latest <= self.loaded or (self.downloading is not None and self.downloading.version >= latest):
+            pending = self.downloading
+            if latest <= self.loaded or (pending is not None and (pending.version >= latest or not self._stalled())):
                 return
-            if self.downloading is not None:  # a newer one superseded it: drop the old download
-                old = self.downloading.version
-                self.node.remove(old, delete_dir=self._vdir(old))
-                self.node.remove(delta_key(old), delete_dir=self.versions_dir / delta_dir_name(old))
-            self._start_fetch(self.client.policy(self.worker_id))
+            policy = self.client.policy(self.worker_id)
+            if pending is not None:
+                self.console.log(f"version {pending.version} stalled for {FETCH_STALL_S:.0f} s: fetching "
+                                 f"{policy.version}")
+                self.node.remove(pending.version, delete_dir=self._vdir(pending.version))
+                self.node.remove(delta_key(pending.version),
+                                 delete_dir=self.versions_dir / delta_dir_name(pending.version))
+                self.downloading = None
+            self._start_fetch(policy)
         finally:
             self._fetch_lock.release()
 
-    def _record_load(self, policy: PolicyInfo, t_reload: float, t_swap: float = 0.0) -> None:
+    def _stalled(self) -> bool:
+        """No byte of the pending download arrived for FETCH_STALL_S (a verified one waiting for its swap is
+        not stalled)."""
+        assert self.node is not None and self.downloading is not None
+        key = delta_key(self.downloading.version) if self._via == "delta" else self.downloading.version
+        transfer = self.node.transfers.get(key)
+        if transfer is None or transfer.finished_at is not None:
+            return False
+        got, since = self._progress
+        now_bytes = self.node.download_bytes(key)
+        if now_bytes != got:
+            self._progress = (now_bytes, time.monotonic())
+            return False
+        return time.monotonic() - since > FETCH_STALL_S
+
+    def _record_load(self, policy: PolicyInfo, via: str, t_reload: float, t_swap: float = 0.0) -> None:
         """t_swap: from the last piece verified to the engine generating with the new weights."""
         assert self.node is not None and self.events is not None
-        key = delta_key(policy.version) if self._via == "delta" else policy.version
+        key = delta_key(policy.version) if via == "delta" else policy.version
         transfer = self.node.transfers.get(key) or self.node.transfers[policy.version]
         self.events.write({
             "event": "loaded", "worker_id": self.worker_id, "version": policy.version,
-            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True, "via": self._via,
+            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True, "via": via,
             "downloaded_bytes": self.node.download_bytes(key), "size_bytes": policy.size_bytes,
             "hash_failures": transfer.hash_failures,
             "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
-            "t_rebuild_s": self._t_rebuild if self._via == "delta" else 0.0,
+            "t_rebuild_s": self._t_rebuild if via == "delta" else 0.0,
             "t_reload_s": t_reload, "t_swap_s": t_swap, "time": time.time(),
         })
 
@@ -185,8 +215,9 @@ class Worker:
         verified_at = self.node.transfers[key].finished_at or time.time()
         t_reload = self.engine.reload(self._vdir(policy.version))
         self.loaded, self.downloading = policy.version, None
+        self._link_weights(policy.version)
         self._swap_s = time.perf_counter() - t0  # hash check or rebuild, plus the reload
-        self._record_load(policy, t_reload, t_swap=time.time() - verified_at)
+        self._record_load(policy, self._via, t_reload, t_swap=time.time() - verified_at)
         self.console.log(f"loaded version {policy.version} (reload {t_reload:.2f} s)")
         self._send_heartbeat()
         self._prune()
@@ -205,10 +236,16 @@ class Worker:
         engine_dir.mkdir(parents=True, exist_ok=True)
         for name in info.model_files:
             (engine_dir / name).write_bytes(self.client.model_file(name))
-        link = engine_dir / WEIGHTS_FILE
-        link.unlink(missing_ok=True)
-        link.symlink_to(self._vdir(info.policy.version) / WEIGHTS_FILE)
         return engine_dir
+
+    def _link_weights(self, version: int) -> None:
+        """The engine directory's weights are the version loaded (replaced atomically): vLLM reads them at
+        start, and a version the worker pruned must not leave a dangling link."""
+        link = self.work_dir / "engine" / WEIGHTS_FILE
+        tmp = link.with_name(WEIGHTS_FILE + ".link")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self._vdir(version) / WEIGHTS_FILE)
+        tmp.replace(link)
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.join_info.heartbeat_s):
@@ -216,7 +253,7 @@ class Worker:
                 reply = self._send_heartbeat()
                 if reply is not None and reply.finished:
                     self.stop.set()
-                elif reply is not None and self._engine_up:
+                elif reply is not None:  # from the first fetch on: a late joiner follows the newest
                     self._maybe_fetch(reply.latest_version, block=False)
             except SessionLost:
                 pass  # the learner restarted: the main loop joins again
@@ -230,7 +267,7 @@ class Worker:
         if node and pending:
             progress = node.progress(delta_key(pending.version) if self._via == "delta" else pending.version)
         return self.client.heartbeat(Heartbeat(
-            worker_id=self.worker_id, version_loaded=self.loaded,
+            worker_id=self.worker_id, version_loaded=self.loaded if self._engine_up else -1,
             downloading_version=pending.version if pending else None,
             download_progress=min(1.0, progress), ready_version=pending.version if progress >= 1.0 else -1,
             swap_s=self._swap_s, tokens_per_s=self.tokens_per_s, upload_bytes=node.upload_bytes() if node else 0,
@@ -327,7 +364,7 @@ class Worker:
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
         trust_for_torrents(cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
         self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
-                                tracker_key=info.tracker_key)
+                                download_limit_bytes_s=int(cfg.downlink_mbps * 125_000), tracker_key=info.tracker_key)
         stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0, "rejoins": 0}
         self._standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
@@ -335,14 +372,19 @@ class Worker:
             self._start_fetch(info.policy)
             engine_dir = self._prepare_engine_dir(info)
             beat.start()
-            self._wait_download()
+            self._wait_download()  # the heartbeat may move this fetch on to a newer version meanwhile
+            with self._fetch_lock:
+                first, via = self.downloading, self._via
+                assert first is not None
+                self.loaded, self.downloading = first.version, None
+                self._link_weights(first.version)
+            # the engine starts while the heartbeat already fetches anything newer
             self.engine = Engine(engine_dir, kv_cache_gib=cfg.kv_cache_gib, max_model_len=cfg.max_model_len,
                                  seed=cfg.seed, dtype=cfg.dtype)
-            self.loaded, self.downloading = info.policy.version, None
-            self._record_load(info.policy, 0.0)
+            self._engine_up = True
+            self._record_load(first, via, 0.0)
             self._send_heartbeat()
             self.console.log(f"engine up with version {self.loaded}")
-            self._engine_up = True
             while not self.stop.is_set():
                 try:
                     if not self._work_once(stats):

@@ -1,0 +1,140 @@
+"""A late joiner on a slow link: it finishes the version it fetches (unless the download stalls), the learner
+keeps seeding that version past S + 1 while it does, and it does not hold up T_bcast for the others.
+
+Unit tests of the pure rules: a fake clock, a fake torrent node, real .torrent files (no peers, no sockets).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+from conftest import make_coord
+
+from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.config import WorkerConfig
+from echo2cli.learner.publisher import MAX_HELD_FOR_DOWNLOADS, Publisher
+from echo2cli.protocol import Heartbeat, PolicyInfo
+from echo2cli.worker import loop
+from echo2cli.worker.loop import Worker
+
+
+def policy(version: int, at: float = 0.0) -> PolicyInfo:
+    return PolicyInfo(version=version, info_hash="ab" * 20, torrent_b64="eA==", sha256="cd" * 32, size_bytes=1,
+                      published_at=at)
+
+
+def test_a_worker_handed_a_version_counts_as_fetching_it_until_its_heartbeat_says_otherwise(clock):
+    coord = make_coord(clock)
+    coord.publish(policy(0))
+    late = coord.join("late", 0.0)
+    coord.latest_policy(late)  # what /v1/join and /v1/policy hand out
+    assert coord.versions_in_download() == {0}
+    coord.heartbeat(Heartbeat(worker_id=late, version_loaded=0))
+    assert coord.versions_in_download() == set()
+
+
+def test_a_late_joiner_still_fetching_its_first_version_does_not_hold_up_t_bcast(clock):
+    coord = make_coord(clock)
+    coord.publish(policy(0, at=clock()))
+    a = coord.join("a", 0.0)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=0))
+    clock(5)
+    coord.publish(policy(1, at=clock()))
+    late = coord.join("late", 0.0)
+    coord.latest_policy(late)
+    clock(3)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1))
+    coord.heartbeat(Heartbeat(worker_id=late, version_loaded=-1, downloading_version=1, download_progress=0.2))
+    assert 1 in coord.update_bcast()
+    assert coord.bcast_s[1] == 3.0
+
+
+class FakeNode:
+    """What the publisher and the worker call on a TorrentNode, recorded."""
+
+    def __init__(self) -> None:
+        self.transfers: dict = {}
+        self.removed: list = []
+        self.fetched: list = []
+        self.bytes = 0
+
+    def remove(self, key, delete_dir=None) -> None:
+        self.transfers.pop(key, None)
+        self.removed.append(key)
+
+    def fetch(self, key, data, save_path, slot=None):
+        self.fetched.append(key)
+        self.transfers[key] = SimpleNamespace(finished_at=None)
+        return self.transfers[key]
+
+    def download_bytes(self, key) -> int:
+        return self.bytes
+
+
+def test_the_publisher_keeps_seeding_old_versions_that_workers_still_fetch(tmp_path):
+    wanted: set[int] = {1}
+    coord = SimpleNamespace(versions_in_download=lambda: wanted)
+    pub = Publisher(None, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
+    pub.sizes, pub.hashes = {v: 1 for v in range(8)}, {v: "x" for v in range(8)}
+    pub._prune(7)
+    assert sorted(pub.sizes) == [1, 5, 6, 7]
+    wanted.clear()
+    pub._prune(7)
+    assert sorted(pub.sizes) == [5, 6, 7]
+
+
+def test_versions_held_for_downloads_are_bounded(tmp_path):
+    coord = SimpleNamespace(versions_in_download=lambda: set(range(20)))
+    pub = Publisher(None, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
+    pub.sizes, pub.hashes = {v: 1 for v in range(20)}, {v: "x" for v in range(20)}
+    pub._prune(19)
+    assert len([v for v in pub.sizes if v < 17]) == MAX_HELD_FOR_DOWNLOADS
+
+
+def real_policy(tmp_path, version: int) -> PolicyInfo:
+    vdir = tmp_path / "published" / f"v{version:06d}"
+    vdir.mkdir(parents=True)
+    (vdir / "model.safetensors").write_bytes(os.urandom(1 << 16))
+    torrent = make_torrent(vdir, "http://127.0.0.1:9/announce")
+    return PolicyInfo(version=version, info_hash=torrent.info_hash, torrent_b64=torrent.b64,
+                      sha256=sha256_file(vdir / "model.safetensors"), size_bytes=1 << 16, published_at=0.0)
+
+
+def fetching_worker(tmp_path, newest: PolicyInfo) -> Worker:
+    worker = Worker(WorkerConfig(join="http://127.0.0.1:9", work_dir=tmp_path / "w"))
+    worker.node = FakeNode()
+    worker.client = SimpleNamespace(policy=lambda worker_id="": newest)
+    return worker
+
+
+def test_a_download_in_progress_is_finished_before_a_newer_version_is_fetched(tmp_path):
+    worker = fetching_worker(tmp_path, real_policy(tmp_path, 3))
+    worker._start_fetch(real_policy(tmp_path, 1))
+    worker.node.bytes = 1000
+    worker._maybe_fetch(3)  # a heartbeat announces version 3 while version 1 is a third done
+    assert worker.downloading.version == 1
+    assert worker.node.fetched == [1] and worker.node.removed == []
+
+
+def test_a_stalled_download_gives_way_to_the_newest_version(tmp_path):
+    worker = fetching_worker(tmp_path, real_policy(tmp_path, 3))
+    worker._start_fetch(real_policy(tmp_path, 1))
+    worker._progress = (0, time.monotonic() - loop.FETCH_STALL_S - 1)  # no byte for longer than the limit
+    worker._maybe_fetch(3)
+    assert worker.downloading.version == 3
+    assert worker.node.fetched == [1, 3] and 1 in worker.node.removed
+
+
+def test_a_seed_announces_often_enough_to_stay_listed_on_the_tracker():
+    """libtorrent's default re-announces every 300 s, but the tracker forgets a peer after 30 s: a version's
+    seeds vanished for anyone who started fetching it later than that."""
+    from echo2cli.broadcast.node import TorrentNode
+    from echo2cli.broadcast.tracker import ANNOUNCE_INTERVAL_S, Tracker
+
+    node = TorrentNode("127.0.0.1:0")
+    try:
+        assert node.session.get_settings()["min_announce_interval"] <= ANNOUNCE_INTERVAL_S < Tracker().ttl_s
+    finally:
+        node.close()
