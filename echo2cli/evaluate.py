@@ -34,8 +34,7 @@ from echo2cli.tasks.scoring import Scorer
 def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Path]:
     """A model directory for a run's published version: the checkpoint's config and tokenizer files and
     the version's weights (hard-linked), removed afterwards."""
-    from echo2cli.broadcast.torrent import WEIGHTS_FILE
-    from echo2cli.learner.publisher import version_dir_name
+    from echo2cli.broadcast.torrent import WEIGHTS_FILE, version_dir_name
 
     weights = run / "versions" / version_dir_name(version) / WEIGHTS_FILE
     if not weights.is_file():

@@ -15,18 +15,10 @@ import shutil
 from pathlib import Path
 
 from echo2cli.errors import ModelError
+from echo2cli.protocol import MODEL_FILES
 
 DEFAULT_MODEL = "default"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Config and tokenizer files a worker fetches once at join (weights travel by torrent).
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
 
 
 def model_dir_with_weights(dest: Path, config_from: Path, weights: Path) -> Path:

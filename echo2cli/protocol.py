@@ -3,15 +3,37 @@
 Paths are versioned under `/v1`. The learner is the only source of truth: workers pull leases, push
 rollouts and report what they have loaded; rewards are recomputed by the learner, never taken from a
 worker. Sizes are bounded here so a malformed or hostile body fails validation, not the trainer.
+
+Bounds go both ways: a worker may have joined someone else's learner, or a plain-http link may be
+tampered with, so what the learner sends (file names, sizes, counts, hashes) is bounded and checked
+here too: a hostile JoinResponse cannot name a file outside the worker's engine directory.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 API = "/v1"
+# Config and tokenizer files a worker fetches once at join (weights travel by torrent): the only names a
+# learner may ask a worker to write, each a plain file name inside the worker's engine directory.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+MAX_MODEL_FILE_BYTES = 64 << 20  # the largest tokenizer.json of common LLMs is ~11 MB
+MAX_TORRENT_B64 = 16 << 20  # a .torrent of a 64 GB version with 4 MiB pieces is ~0.5 MB (v1 SHA-1 pieces)
+MAX_VERSION_BYTES = 1 << 40
+MAX_COMPLETION_TOKENS = 65536
+MAX_PROMPT_TOKENS = 1 << 17
+Hex40 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Token = Annotated[str, StringConstraints(max_length=256)]
 
 
 class _Msg(BaseModel):
@@ -22,15 +44,17 @@ class PolicyInfo(_Msg):
     """One immutable published policy version."""
 
     version: int = Field(ge=0, description="optimizer steps applied to the initial model")
-    info_hash: str = Field(description="hex info-hash of the version's torrent (v1 hash of a hybrid torrent)")
-    torrent_b64: str = Field(description="the .torrent file, base64; its tracker is the learner's /announce")
-    sha256: str = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
-    size_bytes: int = Field(ge=0)
+    info_hash: Hex40 = Field(description="hex v1 info-hash of the version's torrent")
+    torrent_b64: str = Field(max_length=MAX_TORRENT_B64,
+                             description="the .torrent file, base64; its tracker is the learner's /announce")
+    sha256: Hex64 = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
+    size_bytes: int = Field(ge=0, le=MAX_VERSION_BYTES)
     published_at: float = Field(description="learner wall clock (s since epoch) when seeding began")
-    delta_base: int | None = Field(default=None, description="version the delta applies to (None: no delta)")
-    delta_info_hash: str | None = None
-    delta_torrent_b64: str | None = Field(default=None, description="torrent of model.delta (see broadcast/delta)")
-    delta_size_bytes: int = Field(default=0, ge=0)
+    delta_base: int | None = Field(default=None, ge=0, description="version the delta applies to (None: no delta)")
+    delta_info_hash: Hex40 | None = None
+    delta_torrent_b64: str | None = Field(default=None, max_length=MAX_TORRENT_B64,
+                                          description="torrent of model.delta (see broadcast/delta)")
+    delta_size_bytes: int = Field(default=0, ge=0, le=MAX_VERSION_BYTES)
     slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
     slots: int = Field(default=1, ge=1, description="... out of this many shares (workers fetching now)")
 
@@ -48,18 +72,30 @@ def compatible(a: str, b: str) -> bool:
 
 
 class JoinResponse(_Msg):
-    worker_id: str
-    session_token: str = Field(description="this worker's own Bearer token for every later call")
-    tracker_key: str = Field(description="this worker's key for the tracker: announce to /announce/{key}")
-    run_id: str
-    task: str
-    group_size: int = Field(description="G: samples per prompt")
-    max_new_tokens: int
-    temperature: float
-    staleness: int = Field(description="S: a rollout of version x is usable by learner step t iff t - x <= S")
-    heartbeat_s: float
-    model_files: list[str] = Field(description="config/tokenizer files to fetch once from /v1/model/files/{name}")
+    worker_id: str = Field(max_length=64)
+    session_token: Token = Field(description="this worker's own Bearer token for every later call")
+    tracker_key: str = Field(pattern=r"^[0-9A-Za-z_-]{1,128}$",
+                             description="this worker's key for the tracker: announce to /announce/{key}")
+    run_id: str = Field(max_length=64)
+    task: str = Field(max_length=256)
+    group_size: int = Field(ge=1, le=1024, description="G: samples per prompt")
+    max_new_tokens: int = Field(ge=1, le=MAX_COMPLETION_TOKENS)
+    temperature: float = Field(gt=0.0, le=100.0)
+    staleness: int = Field(ge=0, le=1000,
+                           description="S: a rollout of version x is usable by learner step t iff t - x <= S")
+    heartbeat_s: float = Field(gt=0.0, le=3600.0)
+    model_files: list[str] = Field(max_length=len(MODEL_FILES),
+                                   description="config/tokenizer files to fetch once from /v1/model/files/{name}")
     policy: PolicyInfo
+
+    @field_validator("model_files")
+    @classmethod
+    def _known_plain_names(cls, names: list[str]) -> list[str]:
+        """Only names from MODEL_FILES: a learner must not make a worker write `../x` or `/home/u/.bashrc`."""
+        for name in names:
+            if name not in MODEL_FILES:
+                raise ValueError(f"model file {name[:80]!r} is not one of {', '.join(MODEL_FILES)}")
+        return names
 
 
 class LeaseRequest(_Msg):
@@ -70,13 +106,14 @@ class LeaseRequest(_Msg):
 
 class PromptItem(_Msg):
     prompt_id: int
-    prompt_token_ids: list[int] = Field(description="chat-templated prompt, tokenized by the learner")
+    prompt_token_ids: list[int] = Field(max_length=MAX_PROMPT_TOKENS,
+                                        description="chat-templated prompt, tokenized by the learner")
 
 
 class Lease(_Msg):
-    lease_id: str
-    version: int
-    prompts: list[PromptItem]
+    lease_id: str = Field(max_length=64)
+    version: int = Field(ge=0)
+    prompts: list[PromptItem] = Field(max_length=256)  # no more than a worker asks for (LeaseRequest.max_prompts)
     deadline_s: float = Field(description="seconds from now after which the prompts are leased again")
 
 

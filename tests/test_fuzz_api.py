@@ -33,7 +33,8 @@ SEEN: Counter[str] = Counter()
 
 def make_app(model_dir: Path):
     coord = make_coord(lambda dt=0.0: 1000.0)
-    coord.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
+                             published_at=0))
     (model_dir / "config.json").write_text("{}")
     return build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=model_dir, model_files=["config.json"],
                      token=TOKEN, status_extra=dict, target_steps=3)

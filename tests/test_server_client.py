@@ -18,7 +18,8 @@ JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=
 @pytest.fixture
 def app(clock, tmp_path):
     coord = make_coord(clock)
-    coord.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
+                             published_at=0))
     (tmp_path / "config.json").write_text("{}")
     return build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
                      token="s3cret", status_extra=dict, target_steps=3)
@@ -154,7 +155,8 @@ def test_a_restarted_learner_answers_session_lost_and_the_client_can_join_again(
                            transport=httpx.MockTransport(lambda r: _forward(target["app"], r)))
     info = client.join(JoinRequest(name="w"))
     restarted = make_coord(clock)
-    restarted.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    restarted.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
+                             published_at=0))
     target["app"] = TestClient(build_app(restarted, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path,
                                          model_files=["config.json"], token="s3cret", status_extra=dict,
                                          target_steps=3))

@@ -50,7 +50,8 @@ def self_signed(directory, host="127.0.0.1"):
 def https_learner(clock, tmp_path):
     cert, key = self_signed(tmp_path)
     coord = make_coord(clock)
-    coord.publish(PolicyInfo(version=0, info_hash="ab", torrent_b64="", sha256="x", size_bytes=1, published_at=0))
+    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
+                             published_at=0))
     (tmp_path / "config.json").write_text("{}")
     app = build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
                     token="s3cret", status_extra=dict, target_steps=3)

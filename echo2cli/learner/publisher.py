@@ -18,17 +18,13 @@ from pathlib import Path
 
 from echo2cli.broadcast.delta import DELTA_FILE, delta_dir_name, delta_key, encode_delta
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file
+from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file, version_dir_name
 from echo2cli.errors import DiskFullError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.trainer import Trainer
 from echo2cli.protocol import PolicyInfo
 
 MAX_HELD_FOR_DOWNLOADS = 4  # old versions kept past S + 1 for workers still fetching them (bounds disk use)
-
-
-def version_dir_name(version: int) -> str:
-    return f"v{version:06d}"
 
 
 class Publisher:

@@ -22,6 +22,7 @@ from echo2cli import __version__
 from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError, SessionLost
 from echo2cli.protocol import (
     API,
+    MAX_MODEL_FILE_BYTES,
     Heartbeat,
     HeartbeatReply,
     JoinRequest,
@@ -145,10 +146,28 @@ class LearnerClient:
         self._request("POST", f"{API}/leave", LeaveRequest(worker_id=worker_id), patience_s=2.0)
 
     def model_file(self, name: str) -> bytes:
-        return self._request("GET", f"{API}/model/files/{name}").content
+        """A config/tokenizer file, read up to MAX_MODEL_FILE_BYTES: a learner cannot fill our memory."""
+        url = f"{API}/model/files/{quote(name)}"
+        try:
+            with self.http.stream("GET", url) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise ProtocolError(f"learner answered {resp.status_code} to GET {url}: {_detail(resp)}")
+                return _read_capped(resp, name, self.url)
+        except httpx.TransportError as exc:
+            raise LearnerUnreachable(f"learner at {self.url} failed while sending {name}: {exc}") from exc
 
     def close(self) -> None:
         self.http.close()
+
+
+def _read_capped(resp: httpx.Response, name: str, url: str) -> bytes:
+    body = bytearray()
+    for chunk in resp.iter_bytes():
+        body += chunk
+        if len(body) > MAX_MODEL_FILE_BYTES:
+            raise ProtocolError(f"model file {name} from {url} exceeds {MAX_MODEL_FILE_BYTES >> 20} MiB: refusing it")
+    return bytes(body)
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -30,13 +30,14 @@ from rich.console import Console
 
 from echo2cli.broadcast.delta import DELTA_FILE, apply_delta, delta_dir_name, delta_key
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file
+from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file, version_dir_name
 from echo2cli.config import WorkerConfig
 from echo2cli.errors import BroadcastError, ProtocolError, SessionLost
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import Heartbeat, JoinRequest, JoinResponse, LeaseRequest, PolicyInfo, RolloutBatch, Sample
 from echo2cli.tls import trust_for_torrents
 from echo2cli.worker.client import LearnerClient
+from echo2cli.worker.trust import check_torrent, safe_model_file
 
 FETCH_ATTEMPTS = 3
 FETCH_STALL_S = 60.0  # a download without a byte for this long gives way to the newest version
@@ -75,18 +76,18 @@ class Worker:
     # -- versions ------------------------------------------------------------------------------------
 
     def _vdir(self, version: int) -> Path:
-        return self.versions_dir / f"v{version:06d}"
+        return self.versions_dir / version_dir_name(version)
 
     def _start_fetch(self, policy: PolicyInfo) -> None:
         """Fetch the delta if we hold its base (verified and loaded), else the full version by slot."""
         assert self.node is not None
         torrent = TorrentFile.from_b64(policy.torrent_b64)
-        if torrent.info_hash != policy.info_hash:
-            raise BroadcastError(f"torrent of version {policy.version} does not match its announced info-hash")
+        check_torrent(policy, torrent.data)  # one file, at our path, of the announced size and info-hash
         self.downloading, self._via = policy, "full"
         self._progress = (0, time.monotonic())
         if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
             delta = TorrentFile.from_b64(policy.delta_torrent_b64)
+            check_torrent(policy, delta.data, delta=True)
             if delta.info_hash == policy.delta_info_hash:
                 self.node.fetch(delta_key(policy.version), delta.data, self.versions_dir, slot=self._slot(policy))
                 self._via = "delta"
@@ -234,8 +235,8 @@ class Worker:
     def _prepare_engine_dir(self, info: JoinResponse) -> Path:
         engine_dir = self.work_dir / "engine"
         engine_dir.mkdir(parents=True, exist_ok=True)
-        for name in info.model_files:
-            (engine_dir / name).write_bytes(self.client.model_file(name))
+        for name in info.model_files:  # protocol.JoinResponse allows only MODEL_FILES; checked again here
+            safe_model_file(engine_dir, name).write_bytes(self.client.model_file(name))
         return engine_dir
 
     def _link_weights(self, version: int) -> None:
