@@ -51,7 +51,8 @@ def api(tmp_path_factory):
 
 
 # the schema is read at import (collection) time; the app it comes from is only asked for /openapi.json
-schema = schemathesis.openapi.from_asgi("/openapi.json", make_app(Path(tempfile.mkdtemp(prefix="echo2-fuzz-"))))
+schema = schemathesis.openapi.from_asgi("/openapi.json", make_app(Path(tempfile.mkdtemp(prefix="echo2-fuzz-"))),
+                                        headers={"Authorization": f"Bearer {TOKEN}"})  # the schema needs a token
 RNG = random.Random(0)
 
 

@@ -189,6 +189,11 @@ class Coordinator:
                     return wid
             return None
 
+    def cut_off_session(self, token: str) -> bool:
+        """The session token of a worker that was cut off for invalid data (it gets 403, not 'join again')."""
+        with self.lock:
+            return any(w.cut_off and same_secret(w.session_token, token) for w in self.workers.values())
+
     def tracker_key_ok(self, key: str) -> bool:
         """The tracker serves the learner's own node and workers that joined and have not left."""
         with self.lock:

@@ -8,7 +8,10 @@ session token, which every call made as that worker must carry (Bearer), and a t
 worker's torrent client puts in its announce URL (`/announce/{key}`). Read-only calls (status, policy,
 model files) take the join token or any live session token.
 401 = wrong or missing token; 403 = a token for another worker, or a worker cut off for invalid data;
-404 = unknown worker (join again); 422 = malformed body.
+404 = unknown worker (join again); 413 = a body larger than this run ever needs; 422 = malformed body.
+Credentials and body size are checked from the headers before any body is read (`guard.RequestGuard`);
+the handlers then check that a session token belongs to the worker it speaks for. With a join token set,
+/docs and /openapi.json need a token like every read-only call.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
 from echo2cli.learner.coordinator import Coordinator, same_secret
+from echo2cli.learner.guard import SMALL_BODY, RequestGuard, rollout_body_limit
 from echo2cli.protocol import (
     API,
     Heartbeat,
@@ -40,6 +44,11 @@ from echo2cli.protocol import (
     compatible,
 )
 
+JOIN_TOKEN_MISSING = ("wrong or missing join token: pass --token (or ECHO2_TOKEN, or --token-file) with the "
+                      "learner's secret")
+SESSION_TOKEN_MISSING = "wrong or missing session token: use the one /v1/join returned (join again)"
+READER_TOKEN_MISSING = "wrong or missing token: pass the learner's join token, or join again for a session token"
+
 
 def build_app(
     coord: Coordinator,
@@ -54,6 +63,29 @@ def build_app(
 ) -> FastAPI:
     app = FastAPI(title="echo2 learner", version="1")
     app.state.coord = coord
+    worker_paths = {f"{API}/lease", f"{API}/rollouts", f"{API}/heartbeat", f"{API}/leave"}
+    rollouts_limit = rollout_body_limit(coord.B, coord.G, coord.max_new_tokens)
+
+    def authorize(path: str, presented: str) -> tuple[int, str] | None:
+        """From the Authorization header alone, before the body is read (the handlers check the rest)."""
+        if path.startswith("/announce"):
+            return None  # the tracker key in the path is the credential
+        if path == f"{API}/join":
+            if token is not None and not same_secret(presented, token):
+                return 401, JOIN_TOKEN_MISSING
+            return None
+        if path in worker_paths:  # a session token, or the join token (an operator): the handler says which worker
+            if coord.session_owner(presented) is not None or (token is not None and same_secret(presented, token)):
+                return None
+            if coord.cut_off_session(presented):
+                return 403, f"this worker was cut off after {coord.max_bad_batches} batches of invalid rollouts"
+            return 401, SESSION_TOKEN_MISSING
+        if token is None or same_secret(presented, token) or coord.session_owner(presented) is not None:
+            return None  # read-only calls, /docs and /openapi.json
+        return 401, READER_TOKEN_MISSING
+
+    app.add_middleware(RequestGuard, authorize=authorize,
+                       limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY)
 
     @app.exception_handler(RequestValidationError)
     def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -71,8 +103,7 @@ def build_app(
     def join_auth(authorization: str | None = Header(default=None)) -> None:
         """Joining needs the learner's shared join token, when it has one."""
         if token is not None and not same_secret(bearer(authorization), token):
-            raise HTTPException(401, "wrong or missing join token: pass --token (or ECHO2_TOKEN, or --token-file) "
-                                "with the learner's secret")
+            raise HTTPException(401, JOIN_TOKEN_MISSING)
 
     def reader_auth(authorization: str | None = Header(default=None)) -> None:
         """Read-only calls: the join token or any live session token."""
@@ -80,8 +111,7 @@ def build_app(
         if token is not None and same_secret(presented, token):
             return
         if token is not None and coord.session_owner(presented) is None:
-            raise HTTPException(401, "wrong or missing token: pass the learner's join token, or join again "
-                                "for a session token")
+            raise HTTPException(401, READER_TOKEN_MISSING)
 
     def worker_auth(worker_id: str, authorization: str | None) -> None:
         """Calls made as a worker: its own session token (from join), and nobody else's."""
@@ -92,7 +122,7 @@ def build_app(
             raise HTTPException(404, f"unknown worker {worker_id}: join again")
         owner = coord.session_owner(bearer(authorization))
         if owner is None:
-            raise HTTPException(401, "wrong or missing session token: use the one /v1/join returned (join again)")
+            raise HTTPException(401, SESSION_TOKEN_MISSING)
         if owner != worker_id:
             raise HTTPException(403, f"this session token belongs to another worker, not {worker_id}")
 
@@ -120,6 +150,8 @@ def build_app(
     @app.post(f"{API}/rollouts")
     def rollouts(batch: RolloutBatch, authorization: str | None = Header(default=None)) -> SubmitResult:
         worker_auth(batch.worker_id, authorization)
+        if len(batch.samples) > coord.B * coord.G:  # a lease holds at most B prompts of G samples each
+            raise HTTPException(422, f"a batch holds at most B x G = {coord.B * coord.G} samples")
         return coord.submit(batch)
 
     @app.post(f"{API}/heartbeat")
