@@ -60,6 +60,8 @@ def learner(
     uplink_mbps: float | None = typer.Option(None, help="cap the learner's torrent upload"),
     token: str | None = typer.Option(None, help="join token workers must present (or ECHO2_TOKEN, or --token-file)"),
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
+    insecure_no_token: bool | None = typer.Option(None, "--insecure-no-token", help="allow no join token on a "
+                                                  "non-loopback --host, or on --resume of a run that had one"),
     checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints (0 = final only)"),
     lease_timeout_s: float | None = typer.Option(None, help="a lease not returned by then is leased again"),
     eval_every: int | None = typer.Option(None, help="evaluate every N-th version on the held-out split in a "
@@ -92,12 +94,13 @@ def learner(
         model=model, task=task, out_dir=out, steps=steps, prompts_per_step=prompts_per_step,
         group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
         host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
-        token=token, token_file=token_file, checkpoint_every=checkpoint_every, torch_threads=torch_threads, seed=seed,
+        token=token, token_file=token_file, insecure_no_token=insecure_no_token, checkpoint_every=checkpoint_every,
+        torch_threads=torch_threads, seed=seed,
         lease_timeout_s=lease_timeout_s, tls_cert=tls_cert, tls_key=tls_key, eval_every=eval_every,
         activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
     ), "learner", base=base)
     if checkpoint is not None:
-        resume_check(state["config"], int(state["step"]), cfg)
+        resume_check(state["config"], int(state["step"]), cfg, had_token=bool(state.get("token_required", True)))
     from echo2cli.learner.loop import Learner
 
     run = Learner(cfg, resume_from=checkpoint)

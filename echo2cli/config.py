@@ -6,6 +6,7 @@ default. Units are in the names. The resolved learner config is written next to 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -14,6 +15,16 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from echo2cli.errors import ConfigError
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: only this machine can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Config(BaseModel):
@@ -66,6 +77,9 @@ class LearnerConfig(_Config):
     token: str | None = Field(None, exclude=True, repr=False,
                               description="join token workers must present (never written to disk or logs)")
     token_file: Path | None = Field(None, description="read the join token from this file instead")
+    insecure_no_token: bool = Field(False, exclude=True,  # never inherited by a resumed run: say it again
+                                    description="serve without a join token on a non-loopback address, or resume "
+                                    "a run that had one without it: anyone who reaches the port can join")
     tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve the API and tracker over HTTPS")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     lease_timeout_s: float = Field(120.0, gt=0.0, description="unfinished prompts are leased again after this")
@@ -85,6 +99,13 @@ class LearnerConfig(_Config):
     def _tls_pair(self) -> LearnerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both tls_cert and tls_key")
+        return self
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> LearnerConfig:
+        if self.token is None and not self.insecure_no_token and not is_loopback(self.host):
+            raise ValueError(f"listening on {self.host} without a join token would let anyone who reaches it join "
+                             "and send rollouts: pass --token (or --token-file), or --insecure-no-token if you mean it")
         return self
 
     @model_validator(mode="after")

@@ -117,10 +117,10 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path):
 def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
     saved = {"model": "default", "task": "arithmetic", "seed": 0, "group_size": 8, "prompts_per_step": 8,
              "max_new_tokens": 16}
-    cfg = SimpleNamespace(**{**saved, "steps": 20})
+    cfg = SimpleNamespace(**{**saved, "steps": 20, "token": "s", "insecure_no_token": False})
     resume_check(saved, 10, cfg)
     with pytest.raises(ConfigError, match="cannot change group_size"):
-        resume_check(saved, 10, SimpleNamespace(**{**saved, "group_size": 4, "steps": 20}))
+        resume_check(saved, 10, SimpleNamespace(**{**vars(cfg), "group_size": 4}))
     with pytest.raises(ConfigError, match="--steps"):
         resume_check(saved, 20, cfg)
     with pytest.raises(ConfigError, match="no checkpoint"):

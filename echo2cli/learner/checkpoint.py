@@ -99,8 +99,12 @@ def find_checkpoint(path: Path) -> Path:
 FIXED_ON_RESUME = ("model", "task", "task_options", "seed", "group_size", "prompts_per_step", "max_new_tokens")
 
 
-def resume_check(saved: dict[str, Any], step: int, cfg: Any) -> None:
-    """A resumed run may train longer or move ports, not change what its state means."""
+def resume_check(saved: dict[str, Any], step: int, cfg: Any, had_token: bool = True) -> None:
+    """A resumed run may train longer or move ports, not change what its state means — nor come back open:
+    a run that had a join token (`had_token`; assumed for checkpoints that do not say) needs one again."""
+    if had_token and cfg.token is None and not cfg.insecure_no_token:
+        raise ConfigError("this run had a join token, and resuming without one would let anyone join: pass --token "
+                          "(or --token-file) with the run's secret, or --insecure-no-token if you mean it")
     for key in FIXED_ON_RESUME:
         if key in saved and saved[key] != getattr(cfg, key):
             raise ConfigError(f"cannot change {key} on resume ({saved[key]!r} in the checkpoint, "

@@ -227,6 +227,7 @@ class Learner:
     def checkpoint(self, step: int) -> Path:
         """Between steps: weights and optimizer at version `step`, RNG, coordinator state, resolved config."""
         state = {"step": step, "version": step, "run_id": self.run_id, "time": time.time(),
+                 "token_required": self.cfg.token is not None,
                  "config": self.cfg.model_dump(mode="json"), "coordinator": self.coord.state_dict()}
 
         def write_files(tmp: Path) -> None:
