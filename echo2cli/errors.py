@@ -16,6 +16,10 @@ Lower-layer errors (httpx, OSError, libtorrent alerts) are mapped to these at th
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Iterator
+
 
 class Echo2Error(Exception):
     """Base class: the message is what the user sees."""
@@ -51,3 +55,14 @@ class BroadcastError(Echo2Error):
 
 class DiskFullError(Echo2Error):
     pass
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line(what: str) -> Iterator[None]:
+    """ENOSPC from any layer (OSError, or safetensors' and zstd's own errors wrapping one) → DiskFullError."""
+    try:
+        yield
+    except Exception as exc:
+        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+            raise DiskFullError(f"disk full writing {what}: free space or move --out") from exc
+        raise

@@ -80,12 +80,45 @@ def test_trainer_checkpoint_restores_weights_optimizer_and_rng(tiny_model_dir, t
     b = make_trainer(tiny_model_dir)
     b.load_checkpoint(tmp_path)
     draw_b = torch.rand(3)
-    torch.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=False)["torch"])
+    torch.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["torch"])
     assert torch.equal(torch.rand(3), draw_b)
     a.step(groups)  # the second step uses AdamW moments: equal only if the optimizer came back too
     b.step(groups)
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), name
+
+
+class _RunsCode:
+    """Unpickling this runs `Path.touch` on a marker: what a crafted checkpoint file could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_whose_pickles_would_run_code_is_refused(tiny_model_dir, tmp_path):  # noqa: F811
+    trainer = make_trainer(tiny_model_dir)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    torch.save({"torch": torch.get_rng_state(), "python": _RunsCode(marker)}, tmp_path / "ckpt" / "rng.pt")
+    with pytest.raises(ValueError, match="not plain tensors"):
+        make_trainer(tiny_model_dir).load_checkpoint(tmp_path / "ckpt")
+    assert not marker.exists()
+
+
+def test_a_failed_export_leaves_no_partial_file(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    import safetensors.torch
+
+    def full_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(OSError):
+        make_trainer(tiny_model_dir).export_weights(tmp_path / "v000001" / "model.safetensors")
+    assert list((tmp_path / "v000001").iterdir()) == []
 
 
 def fake_writer(payload: bytes = b"w"):
@@ -157,3 +190,22 @@ def test_a_full_disk_while_publishing_a_version_is_a_disk_full_error(tiny_model_
         publisher = Publisher(make_trainer(tiny_model_dir), None, None, mount / "versions", "http://t", keep=2)
         with pytest.raises(DiskFullError, match="disk full writing version 0"):
             publisher.publish(0)
+
+
+def test_a_full_disk_while_encoding_a_delta_is_a_disk_full_error(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    from echo2cli.learner import publisher as pub_module
+    from echo2cli.learner.publisher import Publisher
+
+    seeded = []
+    node = SimpleNamespace(seed=lambda key, data, root: seeded.append(key), remove=lambda *a, **k: None)
+    coord = SimpleNamespace(publish=lambda info: None, versions_in_download=set)
+    publisher = Publisher(make_trainer(tiny_model_dir), node, coord, tmp_path / "versions", "http://t/announce",
+                          keep=2)
+    publisher.publish(0)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pub_module, "encode_delta", full)
+    with pytest.raises(DiskFullError, match="disk full writing the delta of version 1"):
+        publisher.publish(1)

@@ -93,3 +93,17 @@ def test_stale_and_honest_duplicates_do_not_count_against_a_worker(clock):
         assert coord.submit(batch_for(coord, wid, lease)).rejected == {"stale": 4}
     assert not coord.cut_off(wid)
 
+
+
+def test_a_copy_of_a_batch_whose_lease_was_revoked_for_invalid_data_is_told_revoked(clock):
+    coord = make_coord(clock)
+    w = coord.join("w", 0.0)
+    lease = coord.lease(w, 0, 2).lease
+    bad = batch_for(coord, w, lease)
+    for s in bad.samples:
+        s.logprobs = [1.5]  # positive log-probs: invalid
+    assert coord.submit(bad).rejected == {"invalid_samples": 4}
+    again = coord.submit(batch_for(coord, w, lease))  # the same lease, now with valid samples
+    assert again.rejected == {"revoked": 4} and "revoked" in again.detail
+    acc = coord.accounting()
+    assert acc["leased"] == acc["admitted"] + acc["rejected"] + acc["expired"] + acc["returned"] + acc["outstanding"]

@@ -60,9 +60,11 @@ class Tracker:
         if query.get("event") == b"stopped":
             swarm.pop(peer_id, None)
             return bencode({"interval": ANNOUNCE_INTERVAL_S, "peers": b""})
-        left = int(query.get("left", b"0") or 0)
+        left, numwant = _count(query.get("left"), 0), _count(query.get("numwant"), 50)
+        if left is None or numwant is None:
+            return bencode({"failure reason": "left and numwant must be non-negative integers"})
+        numwant = min(numwant, 200)
         swarm[peer_id] = (remote_ip, port, now, left)
-        numwant = min(int(query.get("numwant", b"50") or 50), 200)
         peers = b"".join(
             _compact(ip, p) for pid, (ip, p, _, _) in swarm.items() if pid != peer_id and _is_v4(ip)
         )[: 6 * numwant]
@@ -76,6 +78,13 @@ class Tracker:
                 "peers": peers,
             }
         )
+
+
+def _count(raw: bytes | None, default: int) -> int | None:
+    """A non-negative integer query value (absent or empty: `default`); None if it is anything else."""
+    if not raw:
+        return default
+    return int(raw) if raw.isdigit() and len(raw) <= 20 else None
 
 
 def _is_v4(ip: str) -> bool:

@@ -55,10 +55,12 @@ from echo2cli.tasks.scoring import safe_score
 LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
 MAX_BAD_BATCHES = 5  # batches in a row with invalid data before a worker is cut off
 LEDGER_KEYS = ("leased", "admitted", "rejected", "expired", "returned", "trained", "dropped_stale")
-UNTRUSTED = {"not_leased", "version_mismatch", "invalid_samples"}  # reasons an honest worker never causes
+UNTRUSTED = {"not_leased", "version_mismatch", "invalid_samples", "revoked"}  # an honest worker never causes these
+REVOKED_KEPT = 4096  # lease ids remembered as revoked, so a later copy is told so rather than "expired"
 REJECT_DETAIL = {
     "duplicate": "the prompt was already admitted",
     "late": "the lease expired; the prompt was leased again",
+    "revoked": "the lease was revoked after invalid samples; its prompts were leased again",
     "not_leased": "prompt was not leased to this worker",
     "version_mismatch": "version does not match the lease",
     "stale": "more than S versions behind the learner",
@@ -158,6 +160,7 @@ class Coordinator:
         self.prompt_ids: dict[int, list[int]] = {}
         self.pending: deque[int] = deque()
         self.leases: dict[str, _Lease] = {}
+        self.revoked: dict[str, str] = {}  # lease id -> worker id, oldest first
         self.done: set[int] = set()
         self.ready: deque[Group] = deque()
         self.training = 0  # groups of the step in progress: taken from `ready`, version not yet advanced
@@ -319,11 +322,14 @@ class Coordinator:
                 return "log-probs must be finite and <= 0"
         return ""
 
-    def _verdict(self, prompt_id: int, samples: list[Sample], leased: bool, version_ok: bool, stale: bool) -> str:
+    def _verdict(self, prompt_id: int, samples: list[Sample], leased: bool, version_ok: bool, stale: bool,
+                 revoked: bool = False) -> str:
         """'' to admit the group, else the machine-readable reason it is rejected."""
         if prompt_id in self.done:
             return "duplicate"
         if not leased:
+            if revoked:
+                return "revoked"
             return "late" if prompt_id in self.problems else "not_leased"
         if not version_ok:
             return "version_mismatch"
@@ -357,7 +363,8 @@ class Coordinator:
             result = SubmitResult()
             for prompt_id, samples in by_prompt.items():
                 leased = lease is not None and prompt_id in lease.outstanding
-                reason = self._verdict(prompt_id, samples, leased, version_ok, stale)
+                reason = self._verdict(prompt_id, samples, leased, version_ok, stale,
+                                       revoked=self.revoked.get(batch.lease_id) == batch.worker_id)
                 if not reason and prompt_id not in scores:
                     reason = "late"  # admissible only now: its lease was re-granted while we scored
                 if not reason:
@@ -383,6 +390,10 @@ class Coordinator:
                 self.counters[f"{key}_samples"] += getattr(result, key)
             if lease is not None and not lease.outstanding:
                 del self.leases[batch.lease_id]
+                if result.invalid:  # closed by invalid data: a later copy of it is told "revoked", not "late"
+                    self.revoked[batch.lease_id] = batch.worker_id
+                    while len(self.revoked) > REVOKED_KEPT:
+                        del self.revoked[next(iter(self.revoked))]
             if lease is not None:
                 worker.returned += 1
                 if worker.returned == 2:

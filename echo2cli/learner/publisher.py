@@ -12,14 +12,13 @@ still fetching one (its first version, on a slow link): that one is seeded until
 
 from __future__ import annotations
 
-import errno
 import time
 from pathlib import Path
 
 from echo2cli.broadcast.delta import DELTA_FILE, delta_dir_name, delta_key, encode_delta
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file, version_dir_name
-from echo2cli.errors import DiskFullError
+from echo2cli.errors import disk_full_is_one_line
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.trainer import Trainer
 from echo2cli.protocol import PolicyInfo
@@ -39,13 +38,9 @@ class Publisher:
 
     def publish(self, version: int) -> PolicyInfo:
         vdir = self.root / version_dir_name(version)
-        try:
+        with disk_full_is_one_line(f"version {version} to {vdir}"):
             self.trainer.export_weights(vdir / WEIGHTS_FILE)
-        except Exception as exc:  # OSError, or safetensors' own error wrapping one
-            if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
-                raise DiskFullError(f"disk full writing version {version} to {vdir}: free space or move --out") from exc
-            raise
-        torrent = make_torrent(vdir, self.tracker_url)
+            torrent = make_torrent(vdir, self.tracker_url)
         self.node.seed(version, torrent.data, self.root)
         size = (vdir / WEIGHTS_FILE).stat().st_size
         self.sizes[version] = size
@@ -60,7 +55,8 @@ class Publisher:
         )
         base = max((v for v in self.sizes if v < version), default=None)
         if base is not None and self.sizes[base] == size:
-            info = info.model_copy(update=self._publish_delta(base, version))
+            with disk_full_is_one_line(f"the delta of version {version} to {self.root / delta_dir_name(version)}"):
+                info = info.model_copy(update=self._publish_delta(base, version))
         self.coord.publish(info)
         self._prune(version)
         return info

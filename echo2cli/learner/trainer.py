@@ -10,6 +10,7 @@ token-level mean over the whole batch.
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 import time
 from collections.abc import Sequence
@@ -145,8 +146,12 @@ class Trainer:
         tensors = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.rename(path)
+        try:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+            tmp.rename(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
+            raise
 
     def save_checkpoint(self, directory: Path) -> None:
         """Weights (fp32 safetensors + config), AdamW state and RNG states into `directory`."""
@@ -166,8 +171,15 @@ class Trainer:
         if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
             raise ValueError(f"checkpoint weights do not fit the model: missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}")
-        self.opt.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
-        rng = torch.load(directory / "rng.pt", weights_only=False)
+        # weights_only: tensors, numbers and containers only. A checkpoint directory is data; with pickle's
+        # defaults a crafted optimizer.pt or rng.pt would run code when loaded.
+        try:
+            self.opt.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
+                                                weights_only=True))
+            rng = torch.load(directory / "rng.pt", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{directory} holds a pickle that is not plain tensors and numbers: not loading it "
+                             f"({str(exc).splitlines()[0][:120]})") from exc
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
