@@ -4,7 +4,7 @@ For each N and each method, a fresh origin (the learner's side: libtorrent seed 
 server) and N fetchers run as separate processes, each in its own network namespace behind `tc tbf`
 caps (`netem.Fleet`), or on loopback with application-level caps where namespaces are not permitted.
 All fetchers start on one "go"; T_bcast is the time from "go" until the last fetcher holds the whole,
-verified file (libtorrent checks every piece's SHA-256; the star's HTTP body is complete).
+verified file (libtorrent checks every piece's SHA-1; the star's HTTP body is complete).
 
     star:  every worker downloads the whole file from the learner over HTTP
     swarm: echo2's path: a private torrent seeded by the learner, workers trade pieces, and fetcher k of N

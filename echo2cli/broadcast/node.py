@@ -7,7 +7,7 @@ seed and no strict end-game so leechers trade pieces instead of all pulling from
 Torrents are not auto-managed, so the session never queues or pauses one behind our back.
 
 `fetch` never trusts a download: `poll` marks a version complete only after libtorrent has verified
-every piece (SHA-256 Merkle hashes of the v2 part) and the caller re-checks the file's SHA-256.
+every piece (its SHA-1 in the v1 torrent) and the caller re-checks the whole file's SHA-256.
 """
 
 from __future__ import annotations

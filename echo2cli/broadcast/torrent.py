@@ -1,8 +1,12 @@
-"""Publishing a policy version: bf16 safetensors → hybrid (v1+v2) private torrent.
+"""Publishing a policy version: bf16 safetensors → a v1 private torrent.
 
-v2 (or hybrid) torrents verify every piece with SHA-256 Merkle hashes, so a corrupt piece is detected,
-its sender banned and the piece fetched elsewhere. The piece size targets ~128 pieces (clamped to
-1–4 MiB): enough pieces for workers to trade among themselves while the learner is still seeding.
+v1, not v2 or hybrid, so that any ordinary client can fetch a version: Debian's aria2c 1.36, given a
+hybrid torrent made by libtorrent 2.1.1, announced under an info-hash that is not the torrent's and found
+no peer (0 bytes in 120 s; `tests/integration/test_stock_client.py` fetches a v1 version with it). Every
+piece is still verified (SHA-1 per piece: a corrupt piece is detected, its sender banned and the piece
+fetched elsewhere), and a worker loads a version only after the whole file's SHA-256, which comes from the
+authenticated API, matches. The piece size targets ~128 pieces (clamped to 1–4 MiB): enough pieces for
+workers to trade among themselves while the learner is still seeding.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ def version_dir_name(version: int) -> str:
 @dataclass(frozen=True)
 class TorrentFile:
     data: bytes  # bencoded .torrent
-    info_hash: str  # hex v1 hash (hybrid torrents also have a v2 hash)
+    info_hash: str  # hex v1 info-hash
 
     @property
     def b64(self) -> str:
@@ -59,7 +63,7 @@ def make_torrent(version_dir: Path, tracker_url: str) -> TorrentFile:
 
     files = lt.list_files(str(version_dir))
     total = sum(f.size for f in files)
-    ct = lt.create_torrent(files, piece_size_for(total))
+    ct = lt.create_torrent(files, piece_size_for(total), lt.create_torrent.v1_only)
     ct.add_tracker(tracker_url)
     ct.set_priv(True)  # no DHT/PEX-from-outside: the learner's tracker is the only rendezvous
     ct.set_creator("echo2")

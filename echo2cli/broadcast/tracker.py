@@ -2,8 +2,9 @@
 
 The learner serves it at `/announce`, so a deployment needs no other infrastructure. Peers are kept per
 info-hash with the time of their last announce and forgotten after `ttl_s`; `event=stopped` removes a
-peer at once. A hybrid v1/v2 torrent is announced under its v1 hash and its truncated v2 hash: they are
-just two keys here. Only IPv4 peers are returned (compact form), which covers loopback and LANs.
+peer at once. Versions are v1 torrents; a hybrid v1/v2 torrent would be announced under its v1 hash and
+its truncated v2 hash: they are just two keys here. Only IPv4 peers are returned (compact form), which
+covers loopback and LANs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Publisher: version v → `versions/v<v>/model.safetensors` (bf16) → hybrid torrent → seeded here.
+"""Publisher: version v → `versions/v<v>/model.safetensors` (bf16) → v1 torrent → seeded here.
 
 Each version after the first is also published as a delta against the previous one
 (`versions/v<v>.delta/model.delta`, its own torrent; see broadcast/delta.py): a worker that holds

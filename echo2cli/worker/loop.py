@@ -61,6 +61,7 @@ class Worker:
         self.loaded = -1
         self.downloading: PolicyInfo | None = None
         self._verified = -1  # version whose file SHA-256 has been checked
+        self._rechecked = -1  # version whose pieces were re-checked after a SHA-256 mismatch
         self._via = "full"  # how the pending version travels: "full" torrent or "delta" + rebuild
         self._t_rebuild = 0.0
         self._swap_s = 0.0
@@ -136,7 +137,12 @@ class Worker:
         if self.node.transfers[policy.version].finished_at is None:
             return False
         if sha256_file(self._vdir(policy.version) / WEIGHTS_FILE) != policy.sha256:
-            # libtorrent verified the pieces, so the file changed on disk: recheck repairs it.
+            # libtorrent verified the pieces, so the file changed on disk: recheck repairs it. Verified again
+            # and still wrong, the torrent itself does not describe the announced file: refuse the learner.
+            if self._rechecked == policy.version:
+                raise BroadcastError(f"version {policy.version}: every piece verified, but the file's SHA-256 is "
+                                     "not the one the learner announced: its torrent and its hash disagree")
+            self._rechecked = policy.version
             self.node.transfers[policy.version].handle.force_recheck()
             self.node.transfers[policy.version].finished_at = None
             return False
