@@ -152,10 +152,10 @@ def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
 
 def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
     coord = make_coord(clock, S=2, B=2)
-    fresh, behind = coord.join("fresh", 0.0), coord.join("behind", 0.0)
+    fresh, behind, behind2 = coord.join("fresh", 0.0), coord.join("behind", 0.0), coord.join("behind2", 0.0)
     coord.advance(1)
-    # lag 1: B * S = 4 prompts in flight, in leases of at most B = 2
-    assert [len(coord.lease(behind, 0, 8).lease.prompts) for _ in range(2)] == [2, 2]
+    # lag 1: B * S = 4 prompts in flight, in leases of at most B = 2 (and at most B held per worker)
+    assert [len(coord.lease(w, 0, 8).lease.prompts) for w in (behind, behind2)] == [2, 2]
     assert coord.lease(behind, 0, 8).status == "wait"
     assert len(coord.lease(fresh, 1, 8).lease.prompts) == 2  # lag 0: up to B * (S + 1) in flight
 
@@ -182,3 +182,44 @@ def test_policy_for_a_worker_carries_its_fetch_slot_among_active_workers(clock):
     assert coord.latest_policy().slots == 1  # no worker: no slot
     coord.leave(a)
     assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (0, 1)
+
+
+def test_a_worker_asking_again_and_again_holds_no_more_than_its_cap(clock):
+    coord = make_coord(clock, S=4, B=2)  # room for B * (S + 1) = 10 prompts in flight
+    greedy, other = coord.join("greedy", 0.0), coord.join("other", 0.0)
+    got = [coord.lease(greedy, 0, 8) for _ in range(5)]
+    assert [len(r.lease.prompts) if r.lease else 0 for r in got] == [2, 0, 0, 0, 0]
+    assert len(coord.lease(other, 0, 8).lease.prompts) == 2  # the rest of the fleet still gets work
+
+
+def test_a_claimed_version_the_learner_never_published_gets_no_lease(clock):
+    coord = make_coord(clock, S=1, B=2)
+    w = coord.join("w", 0.0)
+    resp = coord.lease(w, 7, 8)
+    assert resp.status == "update" and resp.lease is None and "never published" in resp.detail
+    assert coord.accounting()["leased"] == 0 and coord.workers[w].version_loaded == -1
+
+
+def test_rejected_samples_do_not_count_as_a_workers_throughput(clock):
+    coord = make_coord(clock, S=1, B=2)
+    junk = coord.join("junk", 0.0)
+    for _ in range(3):
+        lease = coord.lease(junk, 0, 2).lease
+        clock(1.0)
+        coord.submit(batch_for(coord, junk, lease, version=0, right=True).model_copy(update={"version": 1}))
+    assert [m["rollouts_per_s"] for m in coord.measured()] == [0.0]
+
+
+def test_a_slow_worker_gets_leases_it_can_return_while_they_are_admissible(clock):
+    coord = make_coord(clock, S=1, B=8)  # G = 2
+    slow = coord.join("slow", 0.0)
+    for _ in range(3):  # 2 prompts x 2 samples in 8 s: 0.5 rollouts/s
+        lease = coord.lease(slow, 0, 2).lease
+        clock(8.0)
+        coord.submit(batch_for(coord, slow, lease))
+    coord.take_batch()
+    coord.advance(1)
+    for _ in range(5):
+        coord.set_step_time(4.0)
+    # a group made now is admissible for S - lag + 1 = 2 steps of 4 s: 0.5 * 8 / G = 2 prompts, not B = 8
+    assert len(coord.lease(slow, 1, 8).lease.prompts) == 2

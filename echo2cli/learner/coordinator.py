@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import statistics
 import threading
 import time
 import uuid
@@ -161,6 +162,7 @@ class Coordinator:
         self.pending: deque[int] = deque()
         self.leases: dict[str, _Lease] = {}
         self.revoked: dict[str, str] = {}  # lease id -> worker id, oldest first
+        self.step_times: deque[float] = deque(maxlen=5)
         self.done: set[int] = set()
         self.ready: deque[Group] = deque()
         self.training = 0  # groups of the step in progress: taken from `ready`, version not yet advanced
@@ -262,6 +264,11 @@ class Coordinator:
 
     def lease(self, worker_id: str, version: int, max_prompts: int) -> LeaseResponse:
         with self.lock:
+            if version > self.version:  # never published: a lag below 0 would make the room unbounded
+                self.workers[worker_id].last_seen = self.clock()
+                return LeaseResponse(status="update", latest_version=self.version,
+                                     detail=f"version {version} was never published (the learner is at "
+                                     f"{self.version}): load {self.version}")
             self._saw(worker_id, version)
             self.expire_leases()
             if self.finished:
@@ -279,7 +286,8 @@ class Coordinator:
             # `version` stays admissible only while q < B * (S - lag + 1): lease no more than that.
             lag = self.version - version
             room = self.B * (self.S - lag + 1) - self._in_flight()
-            n = min(max_prompts, room, self.B)
+            held = sum(len(ls.outstanding) for ls in self.leases.values() if ls.worker_id == worker_id)
+            n = min(max_prompts, room, self._lease_cap(self.workers[worker_id], lag) - held)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
             ids = [self._next_prompt() for _ in range(n)]
@@ -291,6 +299,22 @@ class Coordinator:
             items = [PromptItem(prompt_id=i, prompt_token_ids=self.prompt_ids[i]) for i in ids]
             lease = Lease(lease_id=lease_id, version=version, prompts=items, deadline_s=self.lease_timeout_s)
             return LeaseResponse(status="ok", lease=lease, latest_version=self.version)
+
+    def _lease_cap(self, w: _Worker, lag: int) -> int:
+        """Prompts a worker may hold at once. B until its speed is measured; then what it returns while a group
+        made now stays admissible — (S - lag + 1) learner steps of the measured step time — one at least.
+        So one worker cannot take the fleet's work by asking again and again, and a slow one gets small leases
+        instead of holding prompts until their groups are stale."""
+        rate = _rate(w.recent)  # accepted rollouts/s
+        if rate is None or not self.step_times:
+            return self.B
+        step_s = statistics.median(self.step_times)
+        return max(1, min(self.B, math.floor(rate * (self.S - lag + 1) * step_s / self.G)))
+
+    def set_step_time(self, seconds: float) -> None:
+        """The learner's wall seconds per step (waiting included): how long a group stays admissible."""
+        with self.lock:
+            self.step_times.append(seconds)
 
     def _requeue_lease(self, lease_id: str, outcome: str) -> int:
         lease = self.leases.pop(lease_id)
@@ -398,7 +422,8 @@ class Coordinator:
                 worker.returned += 1
                 if worker.returned == 2:
                     worker.recent.clear()  # the first lease ran on a cold engine: keep it only until a second
-                worker.recent.append((len(batch.samples), self.clock() - lease.granted_at))
+                # accepted samples only: rejected ones are no throughput (a junk worker must not look fast)
+                worker.recent.append((result.accepted, self.clock() - lease.granted_at))
             worker.rollouts += result.accepted
             self._judge(batch.worker_id, bad=result.invalid > 0)
             return result

@@ -322,6 +322,7 @@ class Learner:
                 # the model's T_train is all the learner's busy time per step: training plus publishing
                 record.update(self.evals.poll())
                 self.activation.observe_step(record["learner/t_busy_s"])
+                self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
                 self.metrics.write(record)
                 self.last = record
                 if on_step:
