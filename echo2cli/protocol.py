@@ -64,6 +64,8 @@ class JoinRequest(_Msg):
     usd_per_hour: float = Field(default=0.0, ge=0.0, description="price of this worker, for cost reports")
     echo2_version: str = Field(default="", max_length=32, description="the worker's echo2 version; "
                                "the learner refuses another major.minor (409)")
+    max_model_len: int | None = Field(default=None, ge=2, le=1 << 24, description="the worker's engine context "
+                                      "(prompt + completion tokens): longer prompts are never leased to it")
 
 
 def compatible(a: str, b: str) -> bool:
@@ -137,6 +139,9 @@ class RolloutBatch(_Msg):
     lease_id: str
     version: int = Field(ge=0, description="policy version that generated every sample in the batch")
     samples: list[Sample] = Field(max_length=65536)
+    unservable: list[int] = Field(default_factory=list, max_length=256,
+                                  description="leased prompts the worker's engine cannot take (longer than its "
+                                  "context): leased again to another worker")
     gen_s: float = Field(default=0.0, ge=0.0, description="wall time the engine spent generating the batch")
 
 

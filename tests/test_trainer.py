@@ -67,3 +67,18 @@ def test_exported_weights_are_bf16_without_the_tied_head(tiny_model_dir, tmp_pat
         keys = list(f.keys())
         assert "lm_head.weight" not in keys
         assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in keys)
+
+
+def test_tokens_are_scored_at_the_sampling_temperature(tiny_model_dir):
+    tr = make_trainer(tiny_model_dir)
+    tr.temperature = 0.5
+    prompt, completion = [5, 6, 7], [8, 9]
+    ids, attn, mask, _ = tr._collate([(prompt, completion, [-1.0, -1.0])])
+    with torch.no_grad():
+        got = tr._token_logp(tr.model, ids, attn, mask)[0][mask[0].bool()]
+        seq = torch.tensor([prompt + completion], device=tr.device)
+        logits = tr.model(input_ids=seq).logits[0, :-1].float() / 0.5
+    expected = torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0][len(prompt) - 1 :]
+    atol = 5e-2 if tr.autocast else 1e-5
+    assert torch.allclose(got, expected, atol=atol)
+    assert not torch.allclose(got, logp_of(tr, prompt, completion), atol=atol)  # T = 1 would differ

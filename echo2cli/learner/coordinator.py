@@ -67,6 +67,7 @@ REJECT_DETAIL = {
     "stale": "more than S versions behind the learner",
 }
 MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
+MAX_DRAWS_PER_PROMPT = 16  # new prompts drawn in search of one that fits a worker's context
 
 
 @dataclass
@@ -116,6 +117,7 @@ class _Worker:
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
     first_ready_with: dict[int, float] = field(default_factory=dict)  # downloaded, not yet loaded
     swap_s: float = 0.0
+    max_model_len: int | None = None  # its engine's context: prompts that cannot fit are never leased to it
 
 
 def same_secret(a: str, b: str) -> bool:
@@ -145,6 +147,7 @@ class Coordinator:
         seed: int,
         clock: Callable[[], float] = time.time,
         score: Callable[[Problem, list[str]], list[Score]] | None = None,
+        max_seq_len: int | None = None,
     ) -> None:
         self.task = task
         self.score = score or (lambda problem, texts: [safe_score(task, problem, t) for t in texts])
@@ -163,6 +166,8 @@ class Coordinator:
         self.leases: dict[str, _Lease] = {}
         self.revoked: dict[str, str] = {}  # lease id -> worker id, oldest first
         self.step_times: deque[float] = deque(maxlen=5)
+        self.max_seq_len = max_seq_len
+        self.skipped: set[int] = set()  # prompts longer than the learner's own limit: never leased
         self.done: set[int] = set()
         self.ready: deque[Group] = deque()
         self.training = 0  # groups of the step in progress: taken from `ready`, version not yet advanced
@@ -179,11 +184,12 @@ class Coordinator:
 
     # -- workers -------------------------------------------------------------------------------------
 
-    def join(self, name: str, usd_per_hour: float) -> str:
+    def join(self, name: str, usd_per_hour: float, max_model_len: int | None = None) -> str:
+        """`max_model_len`: the worker's engine context (prompt + completion); None = not limited."""
         with self.lock:
             worker_id = uuid.uuid4().hex[:12]
             self.workers[worker_id] = _Worker(name, usd_per_hour, self.clock(), session_token=secrets.token_urlsafe(24),
-                                              tracker_key=secrets.token_hex(16))
+                                              tracker_key=secrets.token_hex(16), max_model_len=max_model_len)
             return worker_id
 
     def session_owner(self, token: str) -> str | None:
@@ -245,18 +251,36 @@ class Coordinator:
 
     # -- leases --------------------------------------------------------------------------------------
 
-    def _next_prompt(self) -> int:
-        while self.pending:
-            prompt_id = self.pending.popleft()
-            if prompt_id not in self.done:  # a late worker may have finished it after its lease expired
-                return prompt_id
-        return self._draw()
+    def _next_prompt(self, context: int | None) -> int | None:
+        """The oldest queued prompt that fits a worker's context (prompt + max_new_tokens <= context), else a
+        new one. Prompts that do not fit stay queued, in order, for a worker with a longer context."""
+        def fits(prompt_id: int) -> bool:
+            return context is None or len(self.prompt_ids[prompt_id]) + self.max_new_tokens <= context
 
-    def _draw(self) -> int:
+        self.pending = deque(i for i in self.pending if i not in self.done)  # a late copy may have finished one
+        for i, prompt_id in enumerate(self.pending):
+            if fits(prompt_id):
+                del self.pending[i]
+                return prompt_id
+        for _ in range(MAX_DRAWS_PER_PROMPT):
+            prompt_id = self._draw()
+            if prompt_id is None:
+                continue  # too long for the learner itself: skipped
+            if fits(prompt_id):
+                return prompt_id
+            self.pending.append(prompt_id)
+        return None
+
+    def _draw(self) -> int | None:
+        """A new prompt; None if it cannot fit the learner's own sequence limit (skipped, and counted)."""
         prompt_id = len(self.problems)
         problem = next(self._problem_iter)
         self.problems[prompt_id] = problem
         self.prompt_ids[prompt_id] = self.encode_prompt(problem.messages)
+        if self.max_seq_len is not None and len(self.prompt_ids[prompt_id]) + self.max_new_tokens > self.max_seq_len:
+            self.skipped.add(prompt_id)
+            self.counters["prompts_too_long"] += 1
+            return None
         return prompt_id
 
     def _in_flight(self) -> int:
@@ -290,7 +314,12 @@ class Coordinator:
             n = min(max_prompts, room, self._lease_cap(self.workers[worker_id], lag) - held)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
-            ids = [self._next_prompt() for _ in range(n)]
+            context = self.workers[worker_id].max_model_len
+            ids = [i for i in (self._next_prompt(context) for _ in range(n)) if i is not None]
+            if not ids:
+                return LeaseResponse(status="wait", latest_version=self.version,
+                                     detail=f"no queued prompt fits this worker's context of {context} tokens")
+            n = len(ids)
             self.ledger["leased"] += n
             lease_id = uuid.uuid4().hex[:16]
             now = self.clock()
@@ -385,6 +414,7 @@ class Coordinator:
             worker = self.workers[batch.worker_id]
             lease, version_ok, stale = self._lease_of(batch)
             result = SubmitResult()
+            self._unservable(worker, lease, batch.unservable)
             for prompt_id, samples in by_prompt.items():
                 leased = lease is not None and prompt_id in lease.outstanding
                 reason = self._verdict(prompt_id, samples, leased, version_ok, stale,
@@ -428,6 +458,18 @@ class Coordinator:
             self._judge(batch.worker_id, bad=result.invalid > 0)
             return result
 
+    def _unservable(self, worker: _Worker, lease: _Lease | None, prompt_ids: list[int]) -> None:
+        """Prompts the worker's engine could not take (too long for it): queued again for another worker, and
+        this worker's context lowered below them so it is not given them again."""
+        back = sorted({i for i in prompt_ids if lease is not None and i in lease.outstanding})
+        for prompt_id in back:
+            lease.outstanding.discard(prompt_id)  # type: ignore[union-attr]
+            longest = len(self.prompt_ids[prompt_id]) + self.max_new_tokens - 1
+            worker.max_model_len = min(worker.max_model_len or longest, longest)
+        self.pending.extendleft(reversed(back))  # oldest first
+        self.ledger["returned"] += len(back)
+        self.counters["unservable_prompts"] += len(back)
+
     def _lease_of(self, batch: RolloutBatch) -> tuple[_Lease | None, bool, bool]:
         """The batch's live lease (None if it is not this worker's), whether its version fits, whether stale."""
         lease = self.leases.get(batch.lease_id)
@@ -461,7 +503,7 @@ class Coordinator:
         with self.lock:
             outstanding = {i for ls in self.leases.values() for i in ls.outstanding}
             held = self.trained_ids | set(self.training_ids) | {g.prompt_id for g in self.ready} | outstanding
-            held |= set(self.pending)
+            held |= set(self.pending) | self.skipped
             return {"prompts": len(self.problems), "trained": len(self.trained_ids),
                     "trained_twice": self.counters["trained_twice"],
                     "lost": [i for i in range(len(self.problems)) if i not in held]}

@@ -145,13 +145,14 @@ class Learner:
             torch.set_num_threads(cfg.torch_threads)
         self.trainer = Trainer(
             self.model_dir, lr=cfg.lr, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
-            max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch,
+            max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch, temperature=cfg.temperature,
         )
         self.coord = Coordinator(
             task, encode_prompt=encode, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             group_size=cfg.group_size, staleness=cfg.staleness, prompts_per_step=cfg.prompts_per_step,
             max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
             lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed, score=self.scorer,
+            max_seq_len=getattr(self.trainer.model.config, "max_position_embeddings", None),
         )
         if resume_from is not None:
             self._restore(resume_from)

@@ -131,7 +131,7 @@ def build_app(
         if not compatible(req.echo2_version, __version__):
             raise HTTPException(409, f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner "
                                 f"{__version__}: install the same version on both")
-        worker_id = coord.join(req.name, req.usd_per_hour)
+        worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
         w = coord.workers[worker_id]
         return JoinResponse(worker_id=worker_id, session_token=w.session_token, tracker_key=w.tracker_key,
                             run_id=run_id, policy=coord.latest_policy(worker_id), **join_info)

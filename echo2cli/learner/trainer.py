@@ -1,6 +1,8 @@
 """The GRPO trainer: one optimizer step per batch of groups, and bf16 export of the weights.
 
-Parameters and AdamW state stay in fp32; the forward/backward pass runs under bf16 autocast where the
+Scoring is at the workers' sampling temperature T: log softmax(z / T) of each sampled token, the
+distribution it was drawn from (the engine returns the same, `worker/engine.py`). Parameters and AdamW state
+stay in fp32; the forward/backward pass runs under bf16 autocast where the
 hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX), in fp32 elsewhere. Sequences are
 prompt + completion exactly as the worker's engine produced them (no re-tokenization), right-padded, in
 micro-batches whose losses are weighted by their share of completion tokens so the step equals one
@@ -42,7 +44,10 @@ class Trainer:
         kl_coef: float,
         max_grad_norm: float,
         micro_batch: int,
+        temperature: float = 1.0,
     ) -> None:
+        """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
+        ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError
@@ -61,6 +66,7 @@ class Trainer:
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
         self.autocast = _autocast_ok(self.device)
+        self.temperature = temperature
         self.pad_id = int(self.model.config.pad_token_id or 0)
 
     def _token_logp(
@@ -74,7 +80,7 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
             where = mask.bool()
-            logits = model.get_output_embeddings()(hidden[where]).float()
+            logits = model.get_output_embeddings()(hidden[where]).float() / self.temperature
         out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
         return out

@@ -6,9 +6,11 @@
 
 Weights travel in bf16; the engine computes in bf16 where the hardware has it (CUDA, or a CPU with
 AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the
-log-prob of every sampled token (`SamplingParams(logprobs=0)`); vLLM computes them from the raw
-logits, so they equal the sampling distribution at temperature 1 (the default), which is what the
-learner's importance weights assume.
+log-prob of every sampled token (`SamplingParams(logprobs=0)`) under the distribution it was sampled
+from: `logprobs_mode="processed_logprobs"` gives log softmax(z / T) (vLLM's default, raw log-probs, is
+log softmax(z) whatever T is), and `generation_config="vllm"` keeps a model's generation_config.json from
+adding top-k/top-p truncation the trainer would not know about. The trainer scores with z / T too, so
+the importance weights compare the same two distributions at any temperature.
 On CPU the KV cache is sized in bytes (`kv_cache_memory_bytes`) because the GPU-style memory fraction
 fails there. vLLM is imported lazily: nothing else in echo2 needs it.
 """
@@ -50,6 +52,7 @@ class Engine:
         except ImportError as exc:
             raise ModelError(f"vLLM is not importable ({exc}): run `bash scripts/setup.sh`") from exc
         cuda = _has_cuda()
+        self.max_model_len = max_model_len
         dtype = compute_dtype(cuda) if dtype == "auto" else dtype
         kwargs: dict = dict(
             model=str(model_dir),
@@ -57,6 +60,8 @@ class Engine:
             max_model_len=max_model_len,
             seed=seed,
             enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # the log-probs of softmax(z / T), which the token came from
+            generation_config="vllm",  # no top-k/top-p from the model's generation_config.json
             # On CPU, torch.compile warm-up takes 96-126 s per engine start against 4 s eager, for
             # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
             enforce_eager=not cuda,
@@ -85,7 +90,8 @@ class Engine:
         temperature: float | Sequence[float],
         max_new_tokens: int,
     ) -> list[list[Completion]]:
-        """n completions per prompt, each with per-token behaviour log-probs.
+        """n completions per prompt, each with per-token behaviour log-probs; none for a prompt the engine
+        cannot take (at least max_model_len tokens: vLLM would fail the whole call on it).
 
         `n` and `temperature` are one value for all prompts or one per prompt: a single call with mixed
         requests (greedy and sampled, say) batches them together and shares their cached prompt prefill.
@@ -104,25 +110,29 @@ class Engine:
             cache.setdefault((k, t), SamplingParams(n=k, temperature=t, max_tokens=max_new_tokens, logprobs=0))
             for k, t in zip(ns, temps, strict=True)
         ]
+        ok = [i for i, p in enumerate(prompts) if 0 < len(p) < self.max_model_len]
+        if not ok:
+            return [[] for _ in prompts]
         try:
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in ok],
+                                        [params[i] for i in ok], use_tqdm=False)
         except Exception as exc:  # EngineDeadError and friends: the engine process is gone
             raise ModelError(f"the vLLM engine failed while generating: {exc}") from exc
-        groups = []
-        for out in outputs:
-            group = []
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        for i, out in zip(ok, outputs, strict=True):
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids, strict=True)]
-                group.append(Completion(ids, lps, c.finish_reason or ""))
-            groups.append(group)
+                groups[i].append(Completion(ids, lps, c.finish_reason or ""))
         return groups
 
     def reload(self, weights_dir: Path) -> float:
         """Swap in the weights of `weights_dir/model.safetensors`; returns seconds taken."""
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
-        self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
+        if not self.llm.reset_prefix_cache():  # cached KV of the old weights must not be reused
+            raise ModelError("vLLM refused to reset its prefix cache after a weight swap: the next prompts "
+                             "would reuse KV computed with the old weights")
         return time.perf_counter() - t0
 
 

@@ -295,12 +295,17 @@ class Worker:
                    logprobs=c.logprobs, finish_reason=c.finish_reason)
             for p, group in zip(lease.prompts, groups, strict=True) for i, c in enumerate(group)
         ]
+        # the engine returns no completions for a prompt it cannot take: say so, the learner leases it elsewhere
+        unservable = [p.prompt_id for p, group in zip(lease.prompts, groups, strict=True) if not group]
+        if unservable:
+            self.console.log(f"{len(unservable)} prompt(s) too long for max_model_len {self.cfg.max_model_len}: "
+                             "handed back")
         n_tokens = sum(len(s.completion_token_ids) for s in samples)
         self.tokens_per_s = n_tokens / max(gen_s, 1e-9)
         if self.cfg.max_rollouts_per_s:  # emulate a slower GPU: the lease takes len/rate at least
             self.stop.wait(max(0.0, len(samples) / self.cfg.max_rollouts_per_s - gen_s))
         return RolloutBatch(worker_id=self.worker_id, lease_id=lease.lease_id, version=lease.version,
-                            samples=samples, gen_s=gen_s)
+                            samples=samples, gen_s=gen_s, unservable=unservable)
 
     def _work_once(self, stats: dict) -> bool:
         """One lease: ask, generate, submit (or wait, fetch, stand by). False once the learner finished."""
@@ -336,7 +341,8 @@ class Worker:
         """The learner restarted and forgot us: join again, keeping the engine and the versions we hold.
         A lease in progress was lost with the old session; the resumed learner leases its prompts again."""
         self.console.log(f"{why}: joining again")
-        info = self.client.join(JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour))
+        info = self.client.join(JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour,
+                                            max_model_len=self.cfg.max_model_len))
         if info.run_id != self.join_info.run_id:
             raise ProtocolError(f"learner at {self.cfg.join} now runs another run ({info.run_id}, not "
                                 f"{self.join_info.run_id}): start the worker again to join it")
@@ -363,7 +369,8 @@ class Worker:
         from echo2cli.worker.engine import Engine
 
         cfg = self.cfg
-        info = self.client.join(JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour))
+        info = self.client.join(JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour,
+                                            max_model_len=cfg.max_model_len))
         self.client.unreachable_s = cfg.learner_restart_s  # from now on, an absent learner may be restarting
         self.join_info, self.worker_id = info, info.worker_id
         self.work_dir.mkdir(parents=True, exist_ok=True)
