@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo2cli.errors import ModelError
+from echo2cli.worker.reaper import start_reaper
 
 
 @dataclass
@@ -77,9 +78,12 @@ class Engine:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         else:
             kwargs["gpu_memory_utilization"] = 0.5
+        # vLLM's engine processes do not die with this one: a watchdog kills them if we are killed (reaper.py)
+        self._reaper = start_reaper()
         try:
             self.llm = LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; all mean "this model does not start"
+            self._stop_reaper()
             raise ModelError(f"vLLM could not start on {model_dir}: {exc}") from exc
 
     def generate(
@@ -142,6 +146,13 @@ class Engine:
             self.llm.llm_engine.engine_core.shutdown(timeout=1.0)
         except Exception:  # best effort: the process exits soon anyway
             pass
+        self._stop_reaper()
+
+    def _stop_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.terminate()
+            self._reaper.wait(timeout=5)
+            self._reaper = None
 
 
 def _has_cuda() -> bool:
