@@ -47,3 +47,22 @@ def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path
             if p.poll() is None:
                 kill_group(p)
     assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running (its whole group), then SIGKILL what has not exited in 30 s."""
+    for p in procs:
+        if p.poll() is None:
+            kill_group(p, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            kill_group(p)
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)

@@ -18,7 +18,7 @@ import time
 
 import httpx
 import pytest
-from procs import kill_group, spawn, wait_listening
+from procs import spawn, stop_all, wait_for, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
@@ -28,13 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "late-joiner-token"
 S = 1
 DOWNLINK_MBPS = 30.0
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def loads(work_dir) -> list[dict]:
@@ -86,14 +79,7 @@ def test_a_late_joiner_on_a_slow_link_gets_its_version_and_converges(tmp_path):
         wait_for(lambda: status().get("step", 0) > stalled_at, 300, "the learner to train on them")
         last = read_metrics(out / "metrics.jsonl")[-1]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_group(p, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except Exception:
-                kill_group(p)
+        stop_all(procs)
     loaded = loads(out / "late")
     assert loaded[0]["version"] >= v_join and loaded[-1]["version"] >= stalled_at - S
     size = loaded[0]["size_bytes"]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 import httpx
 import pytest
-from procs import kill_group, spawn, wait_listening
+from procs import spawn, stop_all, wait_for, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.worker.reaper import descendants, process_table
@@ -18,13 +17,6 @@ from echo2cli.worker.reaper import descendants, process_table
 pytestmark = pytest.mark.integration
 
 TOKEN = "reaper-token"
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(tmp_path):
@@ -68,11 +60,4 @@ def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(t
         procs.append(worker())
         wait_for(lambda: bool(generating() - before), 300, "the restarted worker to generate")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_group(p, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                kill_group(p)
+        stop_all(procs)
