@@ -56,6 +56,15 @@ def test_client_maps_401_to_auth_error():
         client.join(JoinRequest(name="w"))
 
 
+def test_client_maps_413_to_one_protocol_error_line():
+    detail = "request body over 4096 bytes, the most /v1/rollouts takes in this run"
+    client = LearnerClient("http://l", "x", transport=httpx.MockTransport(
+        lambda r: httpx.Response(413, json={"detail": detail})))
+    with pytest.raises(ProtocolError, match="413") as err:
+        client.join(JoinRequest(name="w"))
+    assert detail in str(err.value) and "\n" not in str(err.value)
+
+
 def test_client_retries_5xx_then_gives_up_with_one_line():
     calls = []
 
