@@ -223,3 +223,58 @@ def test_a_slow_worker_gets_leases_it_can_return_while_they_are_admissible(clock
         coord.set_step_time(4.0)
     # a group made now is admissible for S - lag + 1 = 2 steps of 4 s: 0.5 * 8 / G = 2 prompts, not B = 8
     assert len(coord.lease(slow, 1, 8).lease.prompts) == 2
+
+
+def slow_worker_after_leases(coord, clock, seconds_per_lease, leases=3):
+    """A worker that took `seconds_per_lease` for each of its leases of 2 prompts (G = 2: 4 rollouts)."""
+    w = coord.join("slow", 0.0)
+    for _ in range(leases):
+        lease = coord.lease(w, coord.version, 2).lease
+        clock(seconds_per_lease)
+        coord.submit(batch_for(coord, w, lease))
+    return w
+
+
+def test_a_worker_too_slow_to_return_one_group_while_admissible_gets_no_lease(clock):
+    coord = make_coord(clock, S=1, B=8)  # G = 2
+    slow = slow_worker_after_leases(coord, clock, 100.0)  # 4 rollouts in 100 s: one group takes 50 s
+    coord.advance(1)
+    for _ in range(5):
+        coord.set_step_time(4.0)  # a group stays admissible for (S + 1) * 4 = 8 s
+    resp = coord.lease(slow, 1, 8)
+    assert resp.status == "wait" and resp.lease is None and "too slow" in resp.detail
+    for _ in range(5):
+        coord.set_step_time(40.0)  # the learner slowed down: 80 s is time enough for one group
+    assert len(coord.lease(slow, 1, 8).lease.prompts) == 1
+
+
+def test_leases_resume_when_the_learner_has_waited_longer_than_one_group_takes(clock):
+    coord = make_coord(clock, S=1, B=8)
+    slow = slow_worker_after_leases(coord, clock, 100.0)  # one group takes it 50 s
+    coord.advance(1)
+    for _ in range(5):
+        coord.set_step_time(4.0)
+    assert coord.lease(slow, 1, 8).status == "wait"
+    clock(25.0)  # no step for 25 s (every worker is that slow): a group made now is trained in time
+    assert len(coord.lease(slow, 1, 8).lease.prompts) == 1
+
+
+def test_a_worker_measured_only_on_its_cold_first_lease_still_gets_a_prompt(clock):
+    coord = make_coord(clock, S=1, B=8)
+    cold = slow_worker_after_leases(coord, clock, 100.0, leases=1)  # engine start-up inside the first lease
+    coord.advance(1)
+    coord.set_step_time(4.0)
+    assert len(coord.lease(cold, 1, 8).lease.prompts) == 1
+
+
+def test_stale_groups_count_toward_a_workers_speed_but_not_its_throughput(clock):
+    coord = make_coord(clock, S=0, B=4)
+    w = coord.join("w", 0.0)
+    for _ in range(3):
+        lease = coord.lease(w, coord.version, 2).lease
+        clock(2.0)
+        coord.advance(coord.version + 1)  # the learner moved on: the group is stale, yet it was generated
+        assert coord.submit(batch_for(coord, w, lease)).rejected == {"stale": 4}
+    coord.set_step_time(4.0)
+    assert coord.measured()[0]["rollouts_per_s"] == 0.0  # mu_i: nothing admitted
+    assert len(coord.lease(w, coord.version, 8).lease.prompts) == 4  # 2 rollouts/s x 4 s / G = 4 prompts

@@ -1,6 +1,7 @@
 """Nothing lost, nothing trained twice: the coordinator's prompt ledger under random churn (pure logic,
-fake clock). Workers lease, submit good, bad, late and stale groups, die (leases expire) or leave,
-while the learner trains and advances versions."""
+fake clock). Workers lease (or claim a version never published), submit good, bad, late and stale groups,
+hand back prompts their engine cannot take, die (leases expire) or leave, while the learner trains and
+advances versions."""
 
 from conftest import batch_for, make_clock, make_coord
 from hypothesis import given, settings
@@ -9,8 +10,8 @@ from hypothesis import strategies as st
 from echo2cli.protocol import RolloutBatch, Sample
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["lease", "submit", "submit_bad", "submit_other", "tick", "leave", "join", "train"]),
-              st.integers(0, 3)),
+    st.tuples(st.sampled_from(["lease", "lease_future", "submit", "submit_bad", "submit_other", "unservable", "tick",
+                               "leave", "join", "train"]), st.integers(0, 3)),
     min_size=1, max_size=120,
 )
 
@@ -23,6 +24,7 @@ def check(coord, trained_ids):
     # every prompt handed out is admitted, waiting to be leased again, or out on a lease: none is lost
     out = {p for lease in coord.leases.values() for p in lease.outstanding}
     assert not set(coord.problems) - coord.done - set(coord.pending) - out
+    assert coord.audit()["lost"] == []
 
 
 @settings(max_examples=300, deadline=None)
@@ -41,6 +43,12 @@ def test_ledger_balances_and_no_prompt_is_trained_twice(ops):
             resp = coord.lease(wid, coord.version, 1 + k)
             if resp.lease is not None:
                 held.setdefault(wid, []).append(resp.lease)
+        elif op == "lease_future":  # a version the learner never published: no lease, nothing leased
+            assert coord.lease(wid, coord.version + 1 + k, 4).lease is None
+        elif op == "unservable" and held.get(wid):  # its engine could take none of them: handed back
+            lease = held[wid].pop(0)
+            coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=lease.version, samples=[],
+                                      unservable=[p.prompt_id for p in lease.prompts]))
         elif op in ("submit", "submit_bad", "submit_other") and held.get(wid):
             lease = held[wid].pop(0)
             if op == "submit_other":  # try to return another worker's lease

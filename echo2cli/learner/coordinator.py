@@ -19,11 +19,15 @@ Semantics (DESIGN.md):
   (synchronous GRPO); larger S lets fresh workers run ahead while stale ones do not produce groups that
   would be dropped. No lease holds more than B prompts, so one worker's lease never spans a whole
   step's work (the capacity model in `plan.py` relies on this).
+- Each worker holds at most what it can return while its groups stay admissible (`_lease_cap`), from its
+  measured speed and the learner's measured step time. A worker too slow to return even one group in time
+  gets none ('wait'): its groups would only be dropped, and the prompts it held would shrink the room above.
 - Checkpoints carry the coordinator's state (`state_dict`): prompts drawn, the queue, groups admitted and
   waiting, prompts admitted and trained, the ledger. Leases do not survive a restart (workers join again
   with new ids): a resumed coordinator queues their prompts again, counted as returned.
-- Each worker's throughput mu_i is measured here: rollouts returned / wall time its leases were out
-  (generation plus the round trips), over its last MU_WINDOW leases. Workers on standby (cost-aware
+- Each worker's throughput mu_i is measured here: rollouts admitted / wall time its leases were out
+  (generation plus the round trips), over its last MU_WINDOW leases; its speed, for lease sizes, counts
+  every valid rollout it returned, admitted or not (a stale group was still generated). Workers on standby (cost-aware
   activation) get no leases; they keep fetching and seeding versions.
 """
 
@@ -114,6 +118,7 @@ class _Worker:
     leases: int = 0
     returned: int = 0  # leases returned
     recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # (samples, s)
+    generated: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # valid ones
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
     first_ready_with: dict[int, float] = field(default_factory=dict)  # downloaded, not yet loaded
     swap_s: float = 0.0
@@ -166,6 +171,7 @@ class Coordinator:
         self.leases: dict[str, _Lease] = {}
         self.revoked: dict[str, str] = {}  # lease id -> worker id, oldest first
         self.step_times: deque[float] = deque(maxlen=5)
+        self.step_began = clock()  # the last advance: how long the learner has been on this step
         self.max_seq_len = max_seq_len
         self.skipped: set[int] = set()  # prompts longer than the learner's own limit: never leased
         self.done: set[int] = set()
@@ -311,7 +317,11 @@ class Coordinator:
             lag = self.version - version
             room = self.B * (self.S - lag + 1) - self._in_flight()
             held = sum(len(ls.outstanding) for ls in self.leases.values() if ls.worker_id == worker_id)
-            n = min(max_prompts, room, self._lease_cap(self.workers[worker_id], lag) - held)
+            cap = self._lease_cap(self.workers[worker_id], lag)
+            if cap == 0:
+                return LeaseResponse(status="wait", latest_version=self.version,
+                                     detail="too slow for S: one group would be stale before it came back")
+            n = min(max_prompts, room, cap - held)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
             context = self.workers[worker_id].max_model_len
@@ -331,14 +341,17 @@ class Coordinator:
 
     def _lease_cap(self, w: _Worker, lag: int) -> int:
         """Prompts a worker may hold at once. B until its speed is measured; then what it returns while a group
-        made now stays admissible — (S - lag + 1) learner steps of the measured step time — one at least.
-        So one worker cannot take the fleet's work by asking again and again, and a slow one gets small leases
-        instead of holding prompts until their groups are stale."""
-        rate = _rate(w.recent)  # accepted rollouts/s
-        if rate is None or not self.step_times:
+        made now stays admissible — (S - lag + 1) learner steps of the measured step time. So one worker cannot
+        take the fleet's work by asking again and again, and a slow one gets small leases, or none, instead of
+        holding prompts until their groups are stale. Measured on a cold engine only (its first lease), it
+        still gets one prompt, to be measured warm. A step that has lasted longer than usual counts as long as
+        it has lasted (groups stay admissible while the learner waits), so leases resume if every worker was
+        too slow for the usual step."""
+        speed = _rate(w.generated)  # valid rollouts/s
+        if speed is None or not self.step_times:
             return self.B
-        step_s = statistics.median(self.step_times)
-        return max(1, min(self.B, math.floor(rate * (self.S - lag + 1) * step_s / self.G)))
+        step_s = max(statistics.median(self.step_times), self.clock() - self.step_began)
+        return max(int(w.returned < 2), min(self.B, math.floor(speed * (self.S - lag + 1) * step_s / self.G)))
 
     def set_step_time(self, seconds: float) -> None:
         """The learner's wall seconds per step (waiting included): how long a group stays admissible."""
@@ -450,10 +463,14 @@ class Coordinator:
                         del self.revoked[next(iter(self.revoked))]
             if lease is not None:
                 worker.returned += 1
-                if worker.returned == 2:
-                    worker.recent.clear()  # the first lease ran on a cold engine: keep it only until a second
-                # accepted samples only: rejected ones are no throughput (a junk worker must not look fast)
-                worker.recent.append((result.accepted, self.clock() - lease.granted_at))
+                if worker.returned == 2:  # the first lease ran on a cold engine: keep it only until a second
+                    worker.recent.clear()
+                    worker.generated.clear()
+                # mu_i: accepted samples only (a junk worker must not look fast); speed: every valid one
+                held_s = self.clock() - lease.granted_at
+                worker.recent.append((result.accepted, held_s))
+                valid = sum(n for reason, n in result.rejected.items() if reason not in UNTRUSTED)
+                worker.generated.append((result.accepted + valid, held_s))
             worker.rollouts += result.accepted
             self._judge(batch.worker_id, bad=result.invalid > 0)
             return result
@@ -585,6 +602,7 @@ class Coordinator:
             self.version = version
             self.training = 0
             self.training_ids = []
+            self.step_began = self.clock()
 
     def publish(self, policy: PolicyInfo) -> None:
         with self.lock:
