@@ -306,6 +306,8 @@ def plan_cmd(
     rule: str = typer.Option("echo2", help="threshold activation targets: echo2 (derived, simulator-checked) "
                              "| paper (kappa*B/(kappa*T_train - T_bcast))"),
     lease_rollouts: float = typer.Option(32.0, help="q: rollouts per lease (prompts per lease x G)"),
+    group_size: int | None = typer.Option(None, "--group-size", "-G", help="G: rollouts per prompt; a worker that "
+                                          "cannot return G within S+1 steps gets no lease (default 8)"),
     learner_usd_per_hour: float | None = typer.Option(None, help="learner price, counted in every cost"),
     learner_rollouts_per_s: float | None = typer.Option(None, help="learner's own generation rate "
                                                         "(centralized baseline)"),
@@ -334,7 +336,7 @@ def plan_cmd(
             pool = [WorkerSpec(f"w{i}", 0.0, float(x)) for i, x in enumerate(mu.split(","))]
         except ValueError:
             raise ConfigError(f"--mu takes comma-separated rollouts/s, e.g. 4,4,2.5 (got {mu!r})") from None
-    given = _flags(batch=batch, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness, kappa=kappa, gamma=gamma,
+    given = _flags(batch=batch, group_size=group_size, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness, kappa=kappa, gamma=gamma,
                    learner_usd_per_hour=learner_usd_per_hour if learner_usd_per_hour is not None
                    else learner_extra.get("usd_per_hour"),
                    learner_rollouts_per_s=learner_rollouts_per_s if learner_rollouts_per_s is not None

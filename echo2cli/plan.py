@@ -13,16 +13,20 @@ Two thresholds (derivation: docs/DESIGN-NOTES.md, "Capacity model"):
   S_e = S - kappa + 1 (versions exist only every kappa steps). That version lands on workers T_b after
   step t - S_e - 1 ends, so the pool has a window of (S_e + 1)*P - T - T_b to produce step t's batch,
   where P is the step period. Producing a batch from a standing start takes t_gen: whole leases, each
-  worker's lease taking L_i = q_i/mu_i, and never less than the slowest L_i (whoever asks first gets
-  part of the batch, so a slow worker can be its straggler). The steady-state step period is
+  worker's lease taking L_i = q_i/mu_i; with S_e = 0 never less than the slowest L_i (whoever asks first
+  gets part of the one batch in flight, so a slow worker is its straggler). With S_e >= 1 a worker holds
+  only what it returns while its groups stay admissible (the coordinator's lease cap), so a slow worker's
+  group lands in a later batch instead of holding this one up. The steady-state step period is
 
       P = max(T, B/mu, (T + T_b + t_gen) / (S_e + 1))        bubble ratio = 1 - T/P
 
   and P = T (no bubble) iff mu >= B/T and t_gen <= S_e*T - T_b. For n identical workers
   t_gen = X/mu with X = n*q*ceil(B/(n*q)), so  mu_min_echo2 = max(B/T, X / (S_e*T - T_b)).
   The simulator (`simulate.py`) puts the knee within 4 % of this over B, n, q, S and T_b/T sweeps
-  (tests/test_plan.py); the paper's rule is off by up to a factor of 2 there. For mixed-speed pools the
-  straggler term makes the prediction conservative (see the notes for the measured error).
+  (tests/test_plan.py); the paper's rule is off by up to a factor of 2 there. Mixed-speed pools are
+  approximate (see the notes for the measured error).
+- A worker that cannot return one group (G rollouts) within S + 1 steps of T gets no lease from the
+  coordinator (`working`): it adds no throughput, takes no room, and is paid for if active.
 
 Cost-aware activation: rho_i = p_i / (3600*mu_i) dollars per rollout; activate in increasing rho_i until
 the active set's headroom mu / mu_min reaches gamma, passing over a worker that would lower it.
@@ -76,6 +80,7 @@ class PlanInputs:
     lease_rollouts: float = 32.0  # default q_i: 4 prompts per lease x G = 8
     learner_usd_per_hour: float = 0.0
     learner_rollouts_per_s: float | None = None  # the learner's own GPUs generating (centralized baseline)
+    group_size: int = 8  # G: rollouts of one prompt, the smallest lease the coordinator grants
 
     def check(self) -> None:
         if self.batch <= 0 or self.t_train_s <= 0:
@@ -88,6 +93,8 @@ class PlanInputs:
             raise PlanInputError(f"kappa={self.kappa} needs S >= kappa + 1 (got S={self.staleness})")
         if self.gamma < 1:
             raise PlanInputError(f"gamma must be >= 1 (got {self.gamma})")
+        if self.group_size < 1:
+            raise PlanInputError(f"group_size must be >= 1 (got {self.group_size})")
         if self.lease_rollouts <= 0 or self.learner_usd_per_hour < 0:
             raise PlanInputError("lease_rollouts must be > 0 and the learner's price >= 0")
         if self.learner_rollouts_per_s is not None and self.learner_rollouts_per_s <= 0:
@@ -124,6 +131,17 @@ def mu_min_paper(inp: PlanInputs) -> float:
     return inp.kappa * inp.batch / slack
 
 
+def working(inp: PlanInputs, pool: list[WorkerSpec]) -> list[WorkerSpec]:
+    """The workers the coordinator leases to: one group (G rollouts) comes back while it is admissible, within
+    S + 1 steps of T (`Coordinator._lease_cap`). A slower one gets no lease: it adds no throughput and takes
+    no room. Example: G=8, S=2, T=10 s: a worker needs 8/30 = 0.27 rollouts/s.
+    Not with S_e = 0: there the learner waits for whoever holds part of the one batch in flight, the measured
+    step stretches to that worker's lease, and the cap (on the measured step) lets it in: every worker works."""
+    if inp.s_eff == 0:
+        return list(pool)
+    return [w for w in pool if inp.group_size / w.rollouts_per_s <= (inp.staleness + 1) * inp.t_train_s]
+
+
 def _lease(inp: PlanInputs, w: WorkerSpec) -> float:
     return min(w.lease_rollouts or inp.lease_rollouts, inp.batch)  # the coordinator never leases > B
 
@@ -131,14 +149,18 @@ def _lease(inp: PlanInputs, w: WorkerSpec) -> float:
 def batch_time(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     """t_gen: seconds for the pool to return B rollouts in whole leases, all starting together.
 
-    The smallest t with sum_i q_i * floor(t / L_i) >= B, L_i = q_i / mu_i, and at least max_i L_i. For n
-    identical workers t_gen = L * ceil(B / (n*q)). Example: B=64, 4 workers of 2 rollouts/s, q=32:
-    L = 16 s, t_gen = 16 s; with q=8: L = 4 s, 2 rounds of 4 leases, t_gen = 8 s.
+    The smallest t with sum_i q_i * floor(t / L_i) >= B, L_i = q_i / mu_i. For n identical workers
+    t_gen = L * ceil(B / (n*q)). Example: B=64, 4 workers of 2 rollouts/s, q=32: L = 16 s, t_gen = 16 s;
+    with q=8: L = 4 s, 2 rounds of 4 leases, t_gen = 8 s.
+    With S_e = 0 the batch is the first B prompts leased, so whoever asks first holds part of it: t_gen is at
+    least max_i L_i. With S_e >= 1 the coordinator leases up to S_e + 1 batches ahead, and each worker holds
+    only what it returns while its groups stay admissible (`Coordinator._lease_cap`): a slow worker's group
+    goes into a later batch, and the batch does not wait for it.
     """
     if not pool:
         return math.inf
     leases = [(_lease(inp, w), _lease(inp, w) / w.rollouts_per_s) for w in pool]
-    straggler = max(L for _, L in leases)  # any worker may hold part of the batch: the first to ask gets it
+    straggler = max(L for _, L in leases) if inp.s_eff == 0 else 0.0
     candidates = sorted({L * m for q, L in leases for m in range(1, math.ceil(inp.batch / q) + 1)})
     for t in candidates:
         if sum(q * math.floor(t / L + 1e-9) for q, L in leases) >= inp.batch - 1e-9:
@@ -188,14 +210,15 @@ def headroom(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule) -> float:
 
 def activate(inp: PlanInputs, pool: list[WorkerSpec], order: list[WorkerSpec], rule: Rule) -> list[WorkerSpec]:
     """Take workers in `order` until the active set's headroom reaches gamma, passing over any worker that
-    would lower it. Under echo2's rule a worker whose single lease takes longer than window/gamma
-    (window = S_e*T - T_b) caps every set it joins below gamma — it would be the straggler of any batch —
-    so it is considered only after all the others."""
+    would lower it, and over any the coordinator would lease nothing to (`working`). Under echo2's rule with
+    S_e = 0 a worker whose single lease takes longer than window/gamma (window = S_e*T - T_b) caps every set
+    it joins below gamma — it would be the straggler of any batch — so it is considered only after the others."""
     window = inp.s_eff * inp.t_train_s - inp.t_bcast_s
 
     def fits(w: WorkerSpec) -> bool:
-        return rule == "paper" or inp.gamma * _lease(inp, w) / w.rollouts_per_s <= window
+        return rule == "paper" or inp.s_eff > 0 or inp.gamma * _lease(inp, w) / w.rollouts_per_s <= window
 
+    order = working(inp, order)
     active: list[WorkerSpec] = []
     for w in [w for w in order if fits(w)] + [w for w in order if not fits(w)]:
         if headroom(inp, active + [w], rule) > headroom(inp, active, rule):
@@ -242,9 +265,11 @@ class PlanResult:
 
 
 def outcome(inp: PlanInputs, active: list[WorkerSpec]) -> Outcome:
-    p = step_time(inp, active)
+    """A worker too slow to get a lease (`working`) adds nothing to the step but is paid all the same."""
+    leased = working(inp, active)
+    p = step_time(inp, leased)
     usd = (inp.learner_usd_per_hour + sum(w.usd_per_hour for w in active)) * p / 3600.0
-    return Outcome([w.name for w in active], sum(w.rollouts_per_s for w in active), p, 1.0 - inp.t_train_s / p,
+    return Outcome([w.name for w in active], sum(w.rollouts_per_s for w in leased), p, 1.0 - inp.t_train_s / p,
                    usd, usd / inp.batch * 1000.0)
 
 

@@ -93,6 +93,7 @@ def from_run(run_dir: Path) -> dict[str, Any]:
             pool.append(WorkerSpec(name, w["usd_per_hour"], w["rollouts_per_s"], w.get("lease_rollouts")))
     return {
         "batch": config["prompts_per_step"] * config["group_size"],
+        "group_size": config["group_size"],
         "t_train_s": statistics.median(busy[1:]),  # step 0 waits for the engines and warms up the trainer
         "t_bcast_s": statistics.median(bcast),
         "staleness": config["staleness"],

@@ -10,6 +10,12 @@ What it models (each rule is the one in `learner/coordinator.py`, `learner/loop.
 - A published version reaches worker i after t_bcast_i (download + verify + reload). A worker swaps
   only between leases, so a lease in progress finishes with the version it started with.
 - A worker pulls leases of at most `lease_prompts` prompts (and at most B); k prompts take k * G / mu_i s.
+- Per-worker cap (`Coordinator._lease_cap`): B until the learner has measured a step; then what the worker
+  returns while a group made now stays admissible, floor(mu_i * (S - lag + 1) * P / G) prompts (none if that
+  is 0: the worker waits), with P the median wall time of the learner's last 5 steps (waiting included, as
+  `set_step_time` gets it), or the time since the last step ended if that is longer. mu_i is the worker's
+  true speed here; the coordinator measures it (valid rollouts returned / seconds its leases were out) and
+  gives a worker measured only cold one prompt.
 - Lease cap: a worker whose version lags the learner's by `lag` gets prompts only while fewer than
   B * (S - lag + 1) prompts are in flight (leased, waiting, or in the step being trained); a worker more
   than S behind waits for its download. Groups that are still inadmissible when their step comes are
@@ -19,6 +25,8 @@ What it models (each rule is the one in `learner/coordinator.py`, `learner/loop.
 from __future__ import annotations
 
 import heapq
+import math
+import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -66,6 +74,7 @@ def simulate(
     arrived = [[0] for _ in range(n)]  # versions that have reached each worker (v0 at start)
     loaded = [0] * n
     busy = [False] * n
+    poll_at = [-1.0] * n  # a worker too slow for the current step asks again when the step has lasted long enough
     busy_time = [0.0] * n
     outstanding = 0  # prompts leased and not yet returned
     ready: deque[int] = deque()  # versions of finished groups, in completion order
@@ -84,7 +93,11 @@ def simulate(
         if lag > S:
             return  # 'update': wait for the download
         room = B * (S - lag + 1) - (outstanding + len(ready) + training)
-        k = min(w.lease_prompts, room, B)  # the coordinator never leases more than one batch
+        most = cap(w, lag, now)
+        k = min(w.lease_prompts, room, most)
+        if most == 0 and poll_at[i] <= now:
+            poll_at[i] = idle_since + G / (w.rollouts_per_s * (S - lag + 1)) * (1 + 1e-9)
+            push(poll_at[i], "poll", i)
         if k <= 0:
             return  # 'wait'
         busy[i] = True
@@ -92,6 +105,13 @@ def simulate(
         dt = k * G / w.rollouts_per_s
         busy_time[i] += dt
         push(now + dt, f"done:{k}:{loaded[i]}", i)
+
+    def cap(w: SimWorker, lag: int, now: float) -> int:
+        if version == 0:
+            return B  # no step measured yet; never more than one batch
+        periods = [waits[j] + t_train_s for j in range(version)][-5:]  # the steps done: the coordinator's step_times
+        step_s = max(statistics.median(periods), now - idle_since)  # idle_since: the last advance
+        return min(B, math.floor(w.rollouts_per_s * (S - lag + 1) * step_s / G))
 
     def try_train(now: float) -> None:
         nonlocal training, stale_dropped, idle_since

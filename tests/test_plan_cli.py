@@ -30,6 +30,13 @@ def test_json_carries_both_thresholds_and_the_activation():
     assert set(out["recommended"]["active"]) | set(out["standby"]) == {"w0", "w1", "w2"}
 
 
+def test_group_size_decides_who_is_too_slow_to_lease_to():
+    # 0.15 rollouts/s returns 8 rollouts in 53 s, past the 30 s (S+1 steps) a group stays admissible: no lease
+    flags = ["--mu", "2,2,2,2,0.15", "--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"]
+    assert plan_json(*flags)["baselines"]["all_active"]["mu_pool"] == pytest.approx(8.0)
+    assert plan_json(*flags, "--group-size", "1")["baselines"]["all_active"]["mu_pool"] == pytest.approx(8.15)
+
+
 def test_example_pool_cost_aware_beats_random_activation_by_10_percent_at_equal_utilisation():
     out = plan_json("--workers", str(EXAMPLE_POOL), *FLAGS)
     assert len(load_pool(EXAMPLE_POOL)[0]) >= 8

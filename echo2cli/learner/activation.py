@@ -84,7 +84,7 @@ class Activation:
             cfg = self.cfg
             inp = PlanInputs(batch=cfg.prompts_per_step * cfg.group_size, t_train_s=statistics.median(self.t_train),
                              t_bcast_s=statistics.median(bcast), staleness=cfg.staleness, kappa=cfg.kappa,
-                             gamma=cfg.gamma, lease_rollouts=cfg.group_size * 4,
+                             gamma=cfg.gamma, lease_rollouts=cfg.group_size * 4, group_size=cfg.group_size,
                              learner_usd_per_hour=cfg.learner_usd_per_hour)
             record["inputs"] = inp.__dict__
             try:
