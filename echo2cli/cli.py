@@ -336,7 +336,8 @@ def plan_cmd(
             pool = [WorkerSpec(f"w{i}", 0.0, float(x)) for i, x in enumerate(mu.split(","))]
         except ValueError:
             raise ConfigError(f"--mu takes comma-separated rollouts/s, e.g. 4,4,2.5 (got {mu!r})") from None
-    given = _flags(batch=batch, group_size=group_size, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness, kappa=kappa, gamma=gamma,
+    given = _flags(batch=batch, group_size=group_size, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness,
+                   kappa=kappa, gamma=gamma,
                    learner_usd_per_hour=learner_usd_per_hour if learner_usd_per_hour is not None
                    else learner_extra.get("usd_per_hour"),
                    learner_rollouts_per_s=learner_rollouts_per_s if learner_rollouts_per_s is not None
