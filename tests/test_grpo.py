@@ -1,8 +1,9 @@
 import math
 
+import pytest
 import torch
 
-from echo2cli.learner.grpo import compute_advantages, grpo_loss
+from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 
 
 def loop_advantages(rewards):
@@ -66,3 +67,14 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it():
     _, at_ref = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp, kl_coef=0.1)
     _, away = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1)
     assert at_ref["train/kl_ref"] == 0 and away["train/kl_ref"] > 0
+
+
+def test_worst_tokens_names_the_largest_gaps_by_completion_position():
+    # two rows; completions start at column 1 (row 0) and column 2 (row 1); column 0 of row 1 is prompt
+    logp = torch.tensor([[0.0, -1.0, -2.0, -0.5], [-9.0, 0.0, -1.0, -12.0]])
+    behaviour = torch.tensor([[0.0, -1.1, -2.0, -0.5], [0.0, 0.0, -1.0, -2.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    top = worst_tokens(logp, behaviour, mask, k=2)
+    assert [(r, p) for r, p, _ in top] == [(1, 1), (0, 0)]  # the -9 gap sits in the prompt: not counted
+    assert top[0][2] == pytest.approx(-10.0) and top[1][2] == pytest.approx(0.1)
+    assert worst_tokens(logp, behaviour, torch.zeros_like(mask)) == []

@@ -74,3 +74,24 @@ def grpo_loss(
             "train/kl_ref": float(kl),
         }
     return loss, metrics
+
+
+def worst_tokens(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, k: int = 3) -> list[tuple]:
+    """The k completion tokens where trainer and behaviour log-probs differ most, most first.
+
+    Returns (row, position, log_w) with log_w = logp - behaviour_logp; position counts completion tokens from 0.
+    A token the trainer finds far less likely than the engine said (log_w << 0) is what makes
+    `train/kl_behaviour` (mean of exp(-log_w) + log_w - 1) spike: one token at log_w = -10 adds 22,000 to the
+    sum. Same-version noise measured 0.36 nats at most (docs/BENCHMARKS.md), so anything past a few nats is
+    staleness or a real disagreement worth a look.
+    """
+    gap = torch.where(mask > 0, (logp - behaviour_logp).detach().abs(), -1.0)
+    top = torch.topk(gap.flatten(), min(k, gap.numel()))
+    first = mask.to(torch.long).argmax(dim=1)  # each row's first completion position
+    out = []
+    for value, flat in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        if value < 0:
+            break
+        row, col = divmod(flat, gap.shape[1])
+        out.append((row, col - int(first[row]), float(logp[row, col] - behaviour_logp[row, col])))
+    return out

@@ -171,6 +171,7 @@ class Learner:
         )
         self._trim_metrics()
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
+        self.mismatch = MetricsWriter(self.out / "mismatch.jsonl")  # per step, the tokens of largest |log w|
         self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
         self.evals = PeriodicEval(cfg, self.model_dir, self.out)
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
@@ -325,6 +326,8 @@ class Learner:
                 self.activation.observe_step(record["learner/t_busy_s"])
                 self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
                 self.metrics.write(record)
+                self.mismatch.write({"step": t, "tokens": [{**o, "staleness": t - o["version"]}
+                                                           for o in self.trainer.outliers]})
                 self.last = record
                 if on_step:
                     on_step(record)
@@ -347,6 +350,7 @@ class Learner:
             thread.join(timeout=10)
             self.node.close()
             self.metrics.close()
+            self.mismatch.close()
             self.activation.close()
             self.scorer.close()
             self.evals.close()

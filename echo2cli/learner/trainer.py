@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from echo2cli.learner.coordinator import Group
-from echo2cli.learner.grpo import compute_advantages, grpo_loss
+from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 
 
 def _autocast_ok(device: torch.device) -> bool:
@@ -68,6 +68,7 @@ class Trainer:
         self.autocast = _autocast_ok(self.device)
         self.temperature = temperature
         self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.outliers: list[dict] = []
 
     def _token_logp(
         self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
@@ -110,6 +111,8 @@ class Trainer:
         rows = [
             (g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples
         ]
+        origin = [(g, s) for g in groups for s in g.samples]
+        self.outliers = []  # the tokens where trainer and engine disagree most (`worst_tokens`)
         total_tokens = sum(len(c) for _, c, _ in rows)
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
@@ -121,6 +124,14 @@ class Trainer:
             if self.ref is not None:
                 with torch.no_grad():
                     ref_logp = self._token_logp(self.ref, ids, attn, mask)
+            for row, pos, log_w in worst_tokens(logp, behaviour, mask):
+                g, s = origin[start + row]
+                self.outliers.append({
+                    "log_w": log_w, "behaviour_logp": s.logprobs[pos], "trainer_logp": s.logprobs[pos] + log_w,
+                    "token": s.completion_token_ids[pos], "position": pos, "length": len(s.completion_token_ids),
+                    "finish_reason": s.finish_reason, "version": g.version, "worker_id": g.worker_id,
+                    "prompt_id": g.prompt_id, "sample_idx": s.sample_idx,
+                })
             adv = advantages[start : start + len(chunk)].to(self.device)
             loss, metrics = grpo_loss(
                 logp, behaviour, adv, mask,
@@ -130,6 +141,7 @@ class Trainer:
             (loss * share).backward()
             for k, v in metrics.items():
                 sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * share
+        self.outliers = sorted(self.outliers, key=lambda o: -abs(o["log_w"]))[:5]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         t_train = time.perf_counter() - t0
@@ -137,6 +149,7 @@ class Trainer:
             **sums,
             "train/grad_norm": float(grad_norm),
             "train/tokens": float(total_tokens),
+            "train/abs_log_ratio_max": max((abs(o["log_w"]) for o in self.outliers), default=0.0),
             "train/advantage_nonzero_frac": float((advantages.abs() > 1e-6).float().mean()),
             "learner/t_train_s": t_train,
             "perf/train_tokens_per_s": total_tokens / t_train,
