@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from echo2cli.errors import ConfigError
+from echo2cli.plan import kappa_problem
 
 
 def is_loopback(host: str) -> bool:
@@ -110,12 +111,8 @@ class LearnerConfig(_Config):
 
     @model_validator(mode="after")
     def _kappa_fits_staleness(self) -> LearnerConfig:
-        limit = max(1, self.staleness - 1)
-        if self.kappa > limit:
-            raise ValueError(
-                f"kappa={self.kappa} needs staleness S >= kappa + 1 (got S={self.staleness}): a version "
-                f"published every kappa steps must stay admissible while the next one spreads"
-            )
+        if problem := kappa_problem(self.kappa, self.staleness):
+            raise ValueError(problem)
         return self
 
 

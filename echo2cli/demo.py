@@ -13,7 +13,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,14 @@ from rich.table import Column, Table
 
 from echo2cli.config import DemoConfig
 from echo2cli.errors import Echo2Error
+from echo2cli.launch import spawn, wait_for_learner
+from echo2cli.layout import LEARNER_FILE
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Status
 from echo2cli.worker.client import LearnerClient
 
-RUN_FILES = ("metrics.jsonl", "learner.json", "summary.json", "demo_summary.json", "config.json")
+RUN_FILES = ("metrics.jsonl", LEARNER_FILE, "summary.json", "demo_summary.json", "config.json")
 RUN_DIRS = ("versions", "workers", "checkpoints", "logs")
 
 
@@ -45,25 +46,6 @@ def _clean(out: Path) -> None:
     for name in RUN_DIRS:
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "logs").mkdir(parents=True)
-
-
-def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "echo2cli", *args],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-
-
-def _wait_learner(proc: subprocess.Popen, path: Path, timeout_s: float = 600) -> str:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())["url"]
-        if proc.poll() is not None:
-            raise Echo2Error(f"learner exited with code {proc.returncode}: see {path.parent / 'logs/learner.log'}")
-        time.sleep(0.2)
-    raise Echo2Error(f"learner did not start within {timeout_s:.0f} s: see {path.parent / 'logs/learner.log'}")
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -144,7 +126,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
         prepare_default_model()
     port = cfg.port or free_port()
     t0 = time.time()
-    learner = _spawn(
+    learner = spawn(
         ["learner", "--out", str(out), "--steps", str(cfg.steps), "--port", str(port), "--host", "127.0.0.1",
          "--bt-listen", "127.0.0.1:0", "--prompts-per-step", str(cfg.prompts_per_step),
          "--group-size", str(cfg.group_size), "--staleness", str(cfg.staleness), "--lr", str(cfg.lr),
@@ -154,10 +136,10 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     procs = [learner]
     try:
         with console.status("starting the learner"):
-            url = _wait_learner(learner, out / "learner.json")
+            url = wait_for_learner(learner, out, out / "logs" / "learner.log")["url"]
         ncpu = os.cpu_count() or 1
         for i in range(cfg.workers):
-            procs.append(_spawn(
+            procs.append(spawn(
                 ["worker", "--join", url, "--name", f"w{i}", "--work-dir", str(out / "workers" / f"w{i}"),
                  "--bt-listen", "127.0.0.1:0"],
                 out / "logs" / f"worker{i}.log",

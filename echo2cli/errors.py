@@ -57,12 +57,18 @@ class DiskFullError(Echo2Error):
     pass
 
 
+def is_disk_full(error: BaseException | str) -> bool:
+    """ENOSPC from any layer: an OSError, another library's error wrapping one (safetensors, zstd, torch.save
+    report it as their own), or libtorrent's error message."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
+
+
 @contextlib.contextmanager
 def disk_full_is_one_line(what: str) -> Iterator[None]:
-    """ENOSPC from any layer (OSError, or safetensors' and zstd's own errors wrapping one) → DiskFullError."""
+    """A full disk while writing `what` → DiskFullError; any other error passes through."""
     try:
         yield
     except Exception as exc:
-        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+        if is_disk_full(exc):
             raise DiskFullError(f"disk full writing {what}: free space or move --out") from exc
         raise

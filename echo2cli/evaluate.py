@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.errors import ConfigError
+from echo2cli.layout import VERSIONS_DIR, kept_versions, weights_path
 from echo2cli.models import model_dir_with_weights, resolve_model
-from echo2cli.tasks import Problem, Score, load_task
+from echo2cli.tasks import Problem, Score, encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
 
 
@@ -34,13 +35,11 @@ from echo2cli.tasks.scoring import Scorer
 def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Path]:
     """A model directory for a run's published version: the checkpoint's config and tokenizer files and
     the version's weights (hard-linked), removed afterwards."""
-    from echo2cli.broadcast.torrent import WEIGHTS_FILE, version_dir_name
-
-    weights = run / "versions" / version_dir_name(version) / WEIGHTS_FILE
+    versions = run / VERSIONS_DIR
+    weights = weights_path(versions, version)
     if not weights.is_file():
-        kept = sorted(int(d.name[1:]) for d in (run / "versions").glob("v[0-9]*") if (d / WEIGHTS_FILE).is_file())
-        raise ConfigError(f"version {version} is not in {run / 'versions'} (kept: {kept or 'none'}; the learner "
-                          f"keeps the newest S+1): evaluate a checkpoint with --run alone")
+        raise ConfigError(f"version {version} is not in {versions} (kept: {kept_versions(versions) or 'none'}; the "
+                          f"learner keeps the newest S+1): evaluate a checkpoint with --run alone")
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
         yield model_dir_with_weights(mdir, checkpoint, weights)
@@ -96,10 +95,7 @@ def evaluate(
     if not problems:
         raise ValueError(f"task {task_name!r} has no eval problems")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [
-        list(tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=True, return_dict=False))
-        for p in problems
-    ]
+    prompts = [encode_chat(tok, p.messages) for p in problems]
     t0 = time.perf_counter()
     # room for every problem's k samples at once; every CPU, since nothing else runs on this engine's machine
     engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True)

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from echo2cli.errors import ModelError
+from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.protocol import MODEL_FILES
 
 DEFAULT_MODEL = "default"
@@ -53,7 +54,7 @@ def _gguf_path() -> Path:
 def prepare_default_model(force: bool = False) -> Path:
     """Return the cached HF directory of the default model, building it on first use (~16 s)."""
     out = cache_dir() / "SmolLM2-135M-Instruct"
-    if (out / "model.safetensors").exists() and (out / "config.json").exists() and not force:
+    if (out / WEIGHTS_FILE).exists() and (out / "config.json").exists() and not force:
         return out
     gguf = _gguf_path()
     import torch

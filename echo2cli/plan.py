@@ -69,6 +69,15 @@ class WorkerSpec:
         return self.usd_per_hour / (3600.0 * self.rollouts_per_s)
 
 
+def kappa_problem(kappa: int, staleness: int) -> str | None:
+    """Why a version published every kappa steps would not work under S, or None: kappa <= max(1, S - 1), since
+    a version must stay admissible while the next one spreads (the learner config and the planner both check)."""
+    if kappa <= max(1, staleness - 1):
+        return None
+    return (f"kappa={kappa} needs staleness S >= kappa + 1 (got S={staleness}): a version published every "
+            "kappa steps must stay admissible while the next one spreads")
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     batch: float  # B, rollouts per learner step
@@ -89,8 +98,8 @@ class PlanInputs:
             raise PlanInputError(f"t_bcast must be >= 0 (got {self.t_bcast_s})")
         if self.staleness < 0 or self.kappa < 1:
             raise PlanInputError(f"need S >= 0 and kappa >= 1 (got S={self.staleness}, kappa={self.kappa})")
-        if self.kappa > max(1, self.staleness - 1):
-            raise PlanInputError(f"kappa={self.kappa} needs S >= kappa + 1 (got S={self.staleness})")
+        if problem := kappa_problem(self.kappa, self.staleness):
+            raise PlanInputError(problem)
         if self.gamma < 1:
             raise PlanInputError(f"gamma must be >= 1 (got {self.gamma})")
         if self.group_size < 1:

@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_train import make_groups  # noqa: E402
 
-from echo2cli.learner.checkpoint import write_checkpoint  # noqa: E402
+from echo2cli.layout import checkpoint_dir  # noqa: E402
+from echo2cli.learner.checkpoint import complete_checkpoints, write_checkpoint  # noqa: E402
 from echo2cli.learner.trainer import Trainer  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
 
@@ -67,14 +68,14 @@ def main() -> None:
 
     writes, raws, nbytes = [], [], 0
     for i in range(args.repeats):
-        target = out / "checkpoints" / f"step_{i:06d}"
+        target = checkpoint_dir(out, i)
         t0 = time.perf_counter()
         write_checkpoint(target, trainer.save_checkpoint, state)
         writes.append(time.perf_counter() - t0)
         nbytes = sum(p.stat().st_size for p in target.iterdir())
         raws.append(raw_write(out / "raw.bin", nbytes))
         (out / "raw.bin").unlink()
-    ckpt = sorted((out / "checkpoints").glob("step_*"))[-1]
+    ckpt = complete_checkpoints(out)[-1]
 
     builds, restores = [], []
     for _ in range(args.repeats):

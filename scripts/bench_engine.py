@@ -32,12 +32,13 @@ def child(variant: str) -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
+    from echo2cli.hardware import compute_dtype, has_cuda
     from echo2cli.models import prepare_default_model
-    from echo2cli.worker.engine import _has_cuda, compute_dtype
+    from echo2cli.tasks import chat, encode_chat
 
     settings = VARIANTS[variant]
     model = prepare_default_model()
-    dtype = compute_dtype(_has_cuda()) if settings["dtype"] == "auto" else settings["dtype"]
+    dtype = compute_dtype(has_cuda()) if settings["dtype"] == "auto" else settings["dtype"]
     t0 = time.perf_counter()
     llm = LLM(model=str(model), dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=1 << 30,
               enforce_eager=settings["enforce_eager"], block_size=settings["block_size"], seed=0)
@@ -48,12 +49,8 @@ def child(variant: str) -> None:
     params = SamplingParams(n=8, temperature=1.0, max_tokens=16, logprobs=0, seed=0)
     rates = []
     for batch in range(3):  # new prompts each batch, as in training: nothing cached from the one before
-        prompts = [
-            tok.apply_chat_template(
-                [{"role": "user", "content": f"Compute {a} + {a + 3}. Reply with only the number."}],
-                add_generation_prompt=True, tokenize=True, return_dict=False)
-            for a in range(4 * batch, 4 * batch + 4)
-        ]
+        prompts = [encode_chat(tok, chat(f"Compute {a} + {a + 3}. Reply with only the number."))
+                   for a in range(4 * batch, 4 * batch + 4)]
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         n = sum(len(c.token_ids) for o in outs for c in o.outputs)

@@ -17,31 +17,23 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from echo2cli.demo import free_port
+from echo2cli.launch import spawn, wait_for_learner
 from echo2cli.plan import PlanInputs, bubble_ratio, mu_min_echo2
 from echo2cli.plan_io import from_run
 
 
-def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "echo2cli", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-
 def one_run(out: Path, n: int, a: argparse.Namespace) -> dict:
     port = free_port()
+    out.mkdir(parents=True, exist_ok=True)
     learner = spawn(["learner", "--out", str(out), "--steps", str(a.steps), "--prompts-per-step", str(a.prompts),
                      "-G", str(a.group_size), "--max-new-tokens", "16", "-S", str(a.staleness), "--port", str(port),
                      "--bt-listen", "127.0.0.1:0", "--checkpoint-every", "0", "--activation", a.activation,
                      "--quiet"], out / "learner.log")
-    while not (out / "learner.json").exists():
-        if learner.poll() is not None:
-            raise SystemExit(f"learner failed: see {out / 'learner.log'}")
-        time.sleep(0.5)
+    wait_for_learner(learner, out, out / "learner.log")
     prices = [float(p) for p in a.prices.split(",")] if a.prices else [0.0] * n
     workers = [spawn(["worker", "--join", f"http://127.0.0.1:{port}", "--name", f"w{i}", "--work-dir",
                       str(out / f"w{i}"), "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", str(a.lease_prompts),

@@ -62,10 +62,10 @@ class FakeNode:
 
     def remove(self, key, delete_dir=None) -> None:
         self.transfers.pop(key, None)
-        self.removed.append(key)
+        self.removed.append(key.version)  # the version, full or delta
 
     def fetch(self, key, data, save_path, slot=None):
-        self.fetched.append(key)
+        self.fetched.append(key.version)
         self.transfers[key] = SimpleNamespace(finished_at=None)
         return self.transfers[key]
 

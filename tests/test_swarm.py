@@ -13,7 +13,8 @@ import time
 import pytest
 
 from echo2cli.broadcast.node import TorrentNode, slot_priorities
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file
+from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.layout import WEIGHTS_FILE
 
 SIZE = 8 << 20  # 8 pieces of 1 MiB
 DEADLINE_S = 60  # generous: a hung swarm fails the test instead of hanging CI

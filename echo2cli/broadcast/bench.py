@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from echo2cli.broadcast.netem import Fleet, Link, namespaces_available
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.errors import BroadcastError, ConfigError
+from echo2cli.layout import weights_path
+from echo2cli.units import mbps_to_bytes_per_s
 
 BT_PORT, HTTP_PORT = 6881, 8700
 
@@ -54,7 +56,7 @@ def lower_bound_s(size: int, n: int, up: float, downs: list[float], ups: list[fl
 
 def make_payload(directory: Path, size_mb: float | None) -> Path:
     """`directory/v000001/model.safetensors`: the default model in bf16, or `size_mb` random MB."""
-    target = directory / "v000001" / WEIGHTS_FILE
+    target = weights_path(directory, 1)
     target.parent.mkdir(parents=True, exist_ok=True)
     if size_mb is not None:
         if size_mb <= 0:
@@ -161,7 +163,8 @@ def run_trial(
     size = payload.stat().st_size
     t_bcast = max(d["t_done"] for d in done) - go
     bound = lower_bound_s(
-        size, n, up_mbps * 1e6 / 8, [worker_down_mbps * 1e6 / 8] * n, [worker_up_mbps * 1e6 / 8] * n
+        size, n, mbps_to_bytes_per_s(up_mbps), [mbps_to_bytes_per_s(worker_down_mbps)] * n,
+        [mbps_to_bytes_per_s(worker_up_mbps)] * n,
     )
     uploaded = stats["bt_upload"] if method == "swarm" else stats["http_upload"]
     return Row(method, n, t_bcast, bound, t_bcast / bound, uploaded / size, size, "netns" if fleet else "loopback")

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.tracker import Tracker, parse_announce
+from echo2cli.units import mbps_to_bytes_per_s
 
 CHUNK = 256 * 1024
 
@@ -56,13 +57,9 @@ class TokenBucket:
         time.sleep(max(0.0, start - now))
 
 
-def mbps_to_bytes(mbps: float) -> int:
-    return int(mbps * 1e6 / 8)
-
-
 def run_origin(args: argparse.Namespace) -> None:
     tracker, payload = Tracker(), Path(args.file)
-    bucket = TokenBucket(mbps_to_bytes(args.up_mbps))
+    bucket = TokenBucket(mbps_to_bytes_per_s(args.up_mbps))
     sent = [0]
 
     class Handler(BaseHTTPRequestHandler):
@@ -92,7 +89,7 @@ def run_origin(args: argparse.Namespace) -> None:
     server = ThreadingHTTPServer((args.bind, args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    node = TorrentNode(f"{args.bind}:{args.bt_port}", upload_limit_bytes_s=mbps_to_bytes(args.up_mbps))
+    node = TorrentNode(f"{args.bind}:{args.bt_port}", upload_limit_bytes_s=mbps_to_bytes_per_s(args.up_mbps))
     node.seed(0, Path(args.torrent).read_bytes(), payload.parent.parent)
     say(ready=True, bt_port=node.listen_port)
     for line in sys.stdin:
@@ -111,8 +108,8 @@ def run_fetch(args: argparse.Namespace) -> None:
     if args.method == "swarm":
         node = TorrentNode(
             f"{args.bind}:0",
-            upload_limit_bytes_s=mbps_to_bytes(args.up_mbps),
-            download_limit_bytes_s=mbps_to_bytes(args.down_mbps),
+            upload_limit_bytes_s=mbps_to_bytes_per_s(args.up_mbps),
+            download_limit_bytes_s=mbps_to_bytes_per_s(args.down_mbps),
         )
     say(ready=True)
     if sys.stdin.readline().strip() != "go":
@@ -131,7 +128,7 @@ def run_fetch(args: argparse.Namespace) -> None:
     else:
         import httpx
 
-        bucket, got = TokenBucket(mbps_to_bytes(args.down_mbps)), 0
+        bucket, got = TokenBucket(mbps_to_bytes_per_s(args.down_mbps)), 0
         out.mkdir(parents=True, exist_ok=True)
         with httpx.stream("GET", args.url, timeout=600) as resp, open(out / "payload", "wb") as f:
             resp.raise_for_status()

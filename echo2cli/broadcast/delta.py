@@ -27,17 +27,6 @@ import numpy as np
 from echo2cli.errors import BroadcastError
 
 MAGIC = b"ECHO2DELTA1\n"
-DELTA_FILE = "model.delta"
-
-
-def delta_dir_name(version: int) -> str:
-    """`versions/v000007.delta/model.delta`: the torrent's directory (beside `versions/v000007/`)."""
-    return f"v{version:06d}.delta"
-
-
-def delta_key(version: int) -> str:
-    """TorrentNode key of a version's delta torrent (full versions are keyed by their number)."""
-    return f"delta{version}"
 
 
 def _words(path: Path) -> np.ndarray:

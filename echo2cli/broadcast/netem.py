@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass
 
 from echo2cli.errors import Echo2Error
+from echo2cli.units import mbps_to_bytes_per_s
 
 
 class NetemError(Echo2Error):
@@ -56,7 +57,7 @@ def namespaces_available() -> bool:
 
 
 def _tbf(dev: str, mbps: float, ns: str, delay_ms: float = 0.0) -> None:
-    rate_bytes = mbps * 1e6 / 8
+    rate_bytes = mbps_to_bytes_per_s(mbps)
     burst = max(64 * 1024, int(rate_bytes / 100))  # ≥ one 10 ms tick of data, or tbf under-delivers
     parent = ["root"]
     if delay_ms > 0:

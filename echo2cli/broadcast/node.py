@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from echo2cli.broadcast.tracker import ANNOUNCE_INTERVAL_S
-from echo2cli.errors import BroadcastError
+from echo2cli.errors import BroadcastError, is_disk_full
 
 
 @dataclass
 class Transfer:
-    version: int
+    key: Hashable  # the caller's name for the torrent (echo2 uses layout.VersionKey)
     handle: object
     save_path: Path
     started: float = field(default_factory=time.time)
@@ -118,7 +119,7 @@ class TorrentNode:
             flt = lt.ip_filter()
             flt.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
             self.session.set_peer_class_filter(flt)
-        self.transfers: dict[int, Transfer] = {}
+        self.transfers: dict[Hashable, Transfer] = {}
         self._removed_upload = 0
 
     @property
@@ -126,7 +127,7 @@ class TorrentNode:
         return int(self.session.listen_port())
 
     def _add(
-        self, version: int, torrent: bytes, save_path: Path, seed: bool, slot: tuple[int, int] | None = None
+        self, key: Hashable, torrent: bytes, save_path: Path, seed: bool, slot: tuple[int, int] | None = None
     ) -> Transfer:
         lt = self._lt
         params = lt.add_torrent_params()
@@ -137,7 +138,7 @@ class TorrentNode:
         if seed:
             params.flags |= lt.torrent_flags.seed_mode  # we just hashed it: skip the recheck
         save_path.mkdir(parents=True, exist_ok=True)
-        transfer = Transfer(version, self.session.add_torrent(params), save_path)
+        transfer = Transfer(key, self.session.add_torrent(params), save_path)
         transfer.tracker_urls = [url.rstrip("/") for url in lt.load_torrent_buffer(torrent).trackers]
         self._announce_with_key(transfer)
         if slot is not None and slot[1] > 1 and not seed:
@@ -145,7 +146,7 @@ class TorrentNode:
             transfer.handle.prioritize_pieces(transfer.priorities)
         if seed:
             transfer.finished_at = transfer.started
-        self.transfers[version] = transfer
+        self.transfers[key] = transfer
         return transfer
 
     def _announce_with_key(self, transfer: Transfer) -> None:
@@ -161,16 +162,16 @@ class TorrentNode:
             self._announce_with_key(transfer)
             transfer.handle.force_reannounce()
 
-    def seed(self, version: int, torrent: bytes, save_path: Path) -> Transfer:
-        return self._add(version, torrent, save_path, seed=True)
+    def seed(self, key: Hashable, torrent: bytes, save_path: Path) -> Transfer:
+        return self._add(key, torrent, save_path, seed=True)
 
     def fetch(
-        self, version: int, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None
+        self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None
     ) -> Transfer:
         """Start downloading; `slot=(k, n)` asks for the k-th of n equal piece ranges first (see below)."""
-        if version in self.transfers:
-            return self.transfers[version]
-        return self._add(version, torrent, save_path, seed=False, slot=slot)
+        if key in self.transfers:
+            return self.transfers[key]
+        return self._add(key, torrent, save_path, seed=False, slot=slot)
 
     def poll(self) -> None:
         """Drain alerts (hash failures, errors), mark complete downloads, open slot gates.
@@ -193,31 +194,38 @@ class TorrentNode:
                 transfer.finished_at = time.time()
             transfer.open_gates()
 
-    def progress(self, version: int | str) -> float:
-        transfer = self.transfers.get(version)
+    def progress(self, key: Hashable) -> float:
+        transfer = self.transfers.get(key)
         return float(transfer.handle.status().progress) if transfer else 0.0
 
-    def check(self, version: int) -> None:
-        transfer = self.transfers[version]
+    def check(self, key: Hashable) -> None:
+        """Raise what went wrong with a transfer (a full disk, a storage error), if anything did."""
+        transfer = self.transfers[key]
         if transfer.error:
-            if "No space left" in transfer.error:
-                raise BroadcastError(f"disk full while fetching version {version} into {transfer.save_path}")
-            raise BroadcastError(f"torrent for version {version} failed: {transfer.error}")
+            if is_disk_full(transfer.error):
+                raise BroadcastError(f"disk full while fetching {key} into {transfer.save_path}")
+            raise BroadcastError(f"torrent for {key} failed: {transfer.error}")
 
-    def upload_bytes(self, version: int | None = None) -> int:
-        """Bytes uploaded to peers: for one version, or in total (removed torrents included)."""
-        if version is not None:
-            transfer = self.transfers.get(version)
+    def recheck(self, key: Hashable) -> None:
+        """Hash the local file again (it changed on disk since libtorrent verified it); not complete until done."""
+        transfer = self.transfers[key]
+        transfer.handle.force_recheck()
+        transfer.finished_at = None
+
+    def upload_bytes(self, key: Hashable | None = None) -> int:
+        """Bytes uploaded to peers: for one torrent, or in total (removed torrents included)."""
+        if key is not None:
+            transfer = self.transfers.get(key)
             return int(transfer.handle.status().all_time_upload) if transfer else 0
         live = sum(int(t.handle.status().all_time_upload) for t in self.transfers.values())
         return live + self._removed_upload
 
-    def download_bytes(self, version: int) -> int:
-        transfer = self.transfers.get(version)
+    def download_bytes(self, key: Hashable) -> int:
+        transfer = self.transfers.get(key)
         return int(transfer.handle.status().all_time_download) if transfer else 0
 
-    def remove(self, version: int, delete_dir: Path | None = None) -> None:
-        transfer = self.transfers.pop(version, None)
+    def remove(self, key: Hashable, delete_dir: Path | None = None) -> None:
+        transfer = self.transfers.pop(key, None)
         if transfer is not None:
             self._removed_upload += int(transfer.handle.status().all_time_upload)
             self.session.remove_torrent(transfer.handle)
@@ -225,6 +233,6 @@ class TorrentNode:
             shutil.rmtree(delete_dir, ignore_errors=True)
 
     def close(self) -> None:
-        for version in list(self.transfers):
-            self.remove(version)
+        for key in list(self.transfers):
+            self.remove(key)
         self.session.pause()

@@ -16,13 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-WEIGHTS_FILE = "model.safetensors"
 MIN_PIECE, MAX_PIECE = 1 << 20, 4 << 20
-
-
-def version_dir_name(version: int) -> str:
-    """`versions/v000007/model.safetensors`: a version's directory, so its torrent's name."""
-    return f"v{version:06d}"
 
 
 @dataclass(frozen=True)

@@ -15,25 +15,21 @@ a power cut or a full disk while writing leaves the previous checkpoint as it wa
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from echo2cli.errors import ConfigError, DiskFullError, Echo2Error
+from echo2cli.errors import ConfigError, DiskFullError, Echo2Error, is_disk_full
+from echo2cli.layout import CHECKPOINTS_DIR, checkpoint_step
 
 STATE_FILE = "learner_state.json"
 KEEP = 2
 
 
-def checkpoint_dir(out: Path, step: int) -> Path:
-    return out / "checkpoints" / f"step_{step:06d}"
-
-
 def complete_checkpoints(out: Path) -> list[Path]:
-    found = (p for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())  # not .tmp or .old
+    found = (p for p in (out / CHECKPOINTS_DIR).glob("step_*") if checkpoint_step(p) is not None)  # not .tmp
     return sorted(p for p in found if (p / STATE_FILE).exists())
 
 
@@ -48,8 +44,7 @@ def write_checkpoint(target: Path, write_files: Any, state: dict[str, Any]) -> P
         _fsync(tmp)
     except Exception as exc:  # OSError; torch.save and safetensors report a failed write as their own errors
         shutil.rmtree(tmp, ignore_errors=True)
-        full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)
-        if full or shutil.disk_usage(target.parent.parent).free < 64 << 20:
+        if is_disk_full(exc) or shutil.disk_usage(target.parent.parent).free < 64 << 20:
             raise DiskFullError(f"disk full writing checkpoint {target}: free space or move --out "
                                 "(the previous checkpoint is intact)") from exc
         raise Echo2Error(f"cannot write checkpoint {target}: {exc}") from exc

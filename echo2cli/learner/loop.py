@@ -35,8 +35,10 @@ from typing import Any
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import LearnerConfig
 from echo2cli.errors import ConfigError, ModelError
+from echo2cli.launch import announce_learner
+from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
-from echo2cli.learner.checkpoint import checkpoint_dir, read_state, write_checkpoint
+from echo2cli.learner.checkpoint import read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator, Group
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
@@ -44,9 +46,10 @@ from echo2cli.learner.server import build_app
 from echo2cli.learner.trainer import Trainer
 from echo2cli.metrics import MetricsWriter
 from echo2cli.models import MODEL_FILES, resolve_model
-from echo2cli.tasks import load_task
+from echo2cli.tasks import encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
 from echo2cli.tls import check_server_files, trust_for_torrents
+from echo2cli.units import mbps_to_bytes_per_s
 
 SCALARS_IN_STATUS = (
     "rollout/reward_mean", "learner/t_train_s", "learner/t_wait_s", "bcast/t_s", "bcast/version",
@@ -135,10 +138,6 @@ class Learner:
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load the tokenizer of {self.model_dir}: {exc}") from exc
 
-        def encode(messages) -> list[int]:
-            return list(tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                                return_dict=False))
-
         if cfg.torch_threads:
             import torch
 
@@ -148,7 +147,8 @@ class Learner:
             max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch, temperature=cfg.temperature,
         )
         self.coord = Coordinator(
-            task, encode_prompt=encode, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            task, encode_prompt=lambda messages: encode_chat(tok, messages),
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             group_size=cfg.group_size, staleness=cfg.staleness, prompts_per_step=cfg.prompts_per_step,
             max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
             lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed, score=self.scorer,
@@ -163,10 +163,10 @@ class Learner:
             check_server_files(*self.tls)
             trust_for_torrents(cfg.tls_cert, self.out)  # our own node announces to our https tracker
         self.url = cfg.public_url or f"{'https' if self.tls else 'http'}://{host}:{port}"
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
                                 tracker_key=self.coord.learner_tracker_key)
         self.publisher = Publisher(
-            self.trainer, self.node, self.coord, self.out / "versions", f"{self.url}/announce",
+            self.trainer, self.node, self.coord, self.out / VERSIONS_DIR, f"{self.url}/announce",
             keep=cfg.staleness + 1,
         )
         self._trim_metrics()
@@ -250,7 +250,7 @@ class Learner:
 
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         cfg = self.cfg
-        shutil.rmtree(self.out / "versions", ignore_errors=True)  # a previous run's versions: never served again
+        shutil.rmtree(self.out / VERSIONS_DIR, ignore_errors=True)  # a previous run's versions: never served again
         self.publisher.publish(self.start_step)
         join_info = dict(
             task=cfg.task, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
@@ -264,10 +264,7 @@ class Learner:
         )
         server, thread = serve_in_thread(app, self.sock, self.tls)
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
-        # Written then renamed: `echo2 demo` polls for this file and must never read it half-written.
-        tmp = self.out / "learner.json.tmp"
-        tmp.write_text(json.dumps({"url": self.url, "run_id": self.run_id, "pid": os.getpid()}))
-        tmp.rename(self.out / "learner.json")
+        announce_learner(self.out, {"url": self.url, "run_id": self.run_id, "pid": os.getpid()})
         t_start = time.time()
         steady_since: float | None = None
         waited_steady = 0.0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.config import LearnerConfig
+from echo2cli.layout import VersionKey
 from echo2cli.models import model_dir_with_weights
 
 REPORTED = ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward", "t_eval_s")
@@ -28,19 +29,22 @@ class PeriodicEval:
         self.running: tuple[int, subprocess.Popen] | None = None
         self.results: list[dict[str, Any]] = []
 
+    def _file(self, version: int, suffix: str) -> Path:
+        return self.root / (VersionKey(version).dir_name + suffix)
+
     def due(self, version: int) -> bool:
         return bool(self.cfg.eval_every) and version % self.cfg.eval_every == 0 and self.running is None
 
     def start(self, version: int, weights: Path) -> None:
-        mdir = self.root / f"model_v{version:06d}"
+        mdir = self.root / f"model_{VersionKey(version).dir_name}"
         shutil.rmtree(mdir, ignore_errors=True)
         model_dir_with_weights(mdir, self.model_dir, weights)
         cfg = self.cfg
         options = [f"--option={k}={json.dumps(v)}" for k, v in cfg.task_options.items()]
         argv = [sys.executable, "-m", "echo2cli", "eval", "--model", str(mdir), "--task", cfg.task, *options,
                 "--limit", str(cfg.eval_limit), "--k", str(cfg.eval_k), "--max-new-tokens", str(cfg.max_new_tokens),
-                "--seed", str(cfg.seed), "--out", str(self.root / f"v{version:06d}.json"), "--json"]
-        with open(self.root / f"v{version:06d}.log", "w") as log:  # the child keeps its own handle
+                "--seed", str(cfg.seed), "--out", str(self._file(version, ".json")), "--json"]
+        with open(self._file(version, ".log"), "w") as log:  # the child keeps its own handle
             self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
 
     def poll(self, wait: bool = False) -> dict[str, Any]:
@@ -53,8 +57,8 @@ class PeriodicEval:
         if proc.poll() is None:
             return {}
         self.running = None
-        shutil.rmtree(self.root / f"model_v{version:06d}", ignore_errors=True)
-        result_file = self.root / f"v{version:06d}.json"
+        shutil.rmtree(self.root / f"model_{VersionKey(version).dir_name}", ignore_errors=True)
+        result_file = self._file(version, ".json")
         if proc.returncode != 0 or not result_file.exists():
             return {"eval/version": version, "eval/failed": 1}  # the log beside it says why
         result = json.loads(result_file.read_text())

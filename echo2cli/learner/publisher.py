@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from echo2cli.broadcast.delta import DELTA_FILE, delta_dir_name, delta_key, encode_delta
+from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, make_torrent, sha256_file, version_dir_name
+from echo2cli.broadcast.torrent import make_torrent, sha256_file
 from echo2cli.errors import disk_full_is_one_line
+from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.trainer import Trainer
 from echo2cli.protocol import PolicyInfo
@@ -37,14 +38,14 @@ class Publisher:
         self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
 
     def publish(self, version: int) -> PolicyInfo:
-        vdir = self.root / version_dir_name(version)
-        with disk_full_is_one_line(f"version {version} to {vdir}"):
-            self.trainer.export_weights(vdir / WEIGHTS_FILE)
-            torrent = make_torrent(vdir, self.tracker_url)
-        self.node.seed(version, torrent.data, self.root)
-        size = (vdir / WEIGHTS_FILE).stat().st_size
+        full = VersionKey(version)
+        with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
+            self.trainer.export_weights(full.path(self.root))
+            torrent = make_torrent(full.dir(self.root), self.tracker_url)
+        self.node.seed(full, torrent.data, self.root)
+        size = full.path(self.root).stat().st_size
         self.sizes[version] = size
-        self.hashes[version] = sha256_file(vdir / WEIGHTS_FILE)
+        self.hashes[version] = sha256_file(full.path(self.root))
         info = PolicyInfo(
             version=version,
             info_hash=torrent.info_hash,
@@ -55,7 +56,8 @@ class Publisher:
         )
         base = max((v for v in self.sizes if v < version), default=None)
         if base is not None and self.sizes[base] == size:
-            with disk_full_is_one_line(f"the delta of version {version} to {self.root / delta_dir_name(version)}"):
+            delta = VersionKey(version, delta=True)
+            with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
                 info = info.model_copy(update=self._publish_delta(base, version))
         self.coord.publish(info)
         self._prune(version)
@@ -63,13 +65,13 @@ class Publisher:
 
     def _publish_delta(self, base: int, version: int) -> dict:
         t0 = time.perf_counter()
-        ddir = self.root / delta_dir_name(version)
+        delta = VersionKey(version, delta=True)
         header = encode_delta(
-            self.root / version_dir_name(base) / WEIGHTS_FILE, self.root / version_dir_name(version) / WEIGHTS_FILE,
-            ddir / DELTA_FILE, base_sha256=self.hashes[base], target_sha256=self.hashes[version],
+            VersionKey(base).path(self.root), VersionKey(version).path(self.root), delta.path(self.root),
+            base_sha256=self.hashes[base], target_sha256=self.hashes[version],
         )
-        torrent = make_torrent(ddir, self.tracker_url)
-        self.node.seed(delta_key(version), torrent.data, self.root)
+        torrent = make_torrent(delta.dir(self.root), self.tracker_url)
+        self.node.seed(delta, torrent.data, self.root)
         self.delta_stats[version] = {
             "delta_bytes": header["delta_bytes"], "full_bytes": header["full_bytes"],
             "encode_s": time.perf_counter() - t0,
@@ -78,11 +80,11 @@ class Publisher:
                 "delta_size_bytes": header["delta_bytes"]}
 
     def weights_path(self, version: int) -> Path:
-        return self.root / version_dir_name(version) / WEIGHTS_FILE
+        return VersionKey(version).path(self.root)
 
     def upload_bytes(self, version: int) -> int:
         """Learner bytes sent for a version: its full torrent plus its delta."""
-        return self.node.upload_bytes(version) + self.node.upload_bytes(delta_key(version))
+        return self.node.upload_bytes(VersionKey(version)) + self.node.upload_bytes(VersionKey(version, delta=True))
 
     def _prune(self, latest: int) -> None:
         """Drop versions more than `keep` behind, except those a live worker is still fetching (a late joiner
@@ -91,6 +93,6 @@ class Publisher:
         wanted = self.coord.versions_in_download()
         held = [v for v in old if v in wanted][-MAX_HELD_FOR_DOWNLOADS:]
         for version in [v for v in old if v not in held]:
-            self.node.remove(version, delete_dir=self.root / version_dir_name(version))
-            self.node.remove(delta_key(version), delete_dir=self.root / delta_dir_name(version))
+            for key in (VersionKey(version), VersionKey(version, delta=True)):
+                self.node.remove(key, delete_dir=key.dir(self.root))
             del self.sizes[version], self.hashes[version]

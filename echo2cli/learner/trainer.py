@@ -21,16 +21,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from echo2cli.hardware import cpu_has_bf16
+from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.coordinator import Group
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 
 
 def _autocast_ok(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return True
-    from echo2cli.worker.engine import cpu_has_bf16
-
-    return cpu_has_bf16()
+    return device.type == "cuda" or cpu_has_bf16()
 
 
 class Trainer:
@@ -185,7 +183,7 @@ class Trainer:
         """Weights, optimizer and RNG states from `save_checkpoint` (the KL reference stays the base model)."""
         from safetensors.torch import load_file
 
-        state = load_file(str(directory / "model.safetensors"), device=str(self.device))
+        state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
             raise ValueError(f"checkpoint weights do not fit the model: missing {missing[:3]}, "

@@ -22,7 +22,7 @@ file (`[learner.task_options]`) as keyword arguments.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -35,6 +35,13 @@ def chat(user: str, system: str | None = None) -> tuple[dict[str, str], ...]:
     """Chat messages for a problem: the system message (if any), then the user's."""
     head = ({"role": "system", "content": system},) if system else ()
     return (*head, {"role": "user", "content": user})
+
+
+def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Chat messages as the token ids the engine continues: the model's chat template, assistant turn opened.
+    The learner encodes every prompt once, so workers and the trainer see the same ids."""
+    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo2cli.errors import ModelError
+from echo2cli.hardware import compute_dtype, has_cuda
 from echo2cli.worker.reaper import start_reaper
 
 
@@ -52,7 +53,7 @@ class Engine:
             from vllm import LLM
         except ImportError as exc:
             raise ModelError(f"vLLM is not importable ({exc}): run `bash scripts/setup.sh`") from exc
-        cuda = _has_cuda()
+        cuda = has_cuda()
         self.max_model_len = max_model_len
         dtype = compute_dtype(cuda) if dtype == "auto" else dtype
         kwargs: dict = dict(
@@ -139,7 +140,6 @@ class Engine:
                              "would reuse KV computed with the old weights")
         return time.perf_counter() - t0
 
-
     def close(self) -> None:
         """Stop the engine's processes now (left to vLLM's exit hook, they take a 5 s grace period)."""
         try:
@@ -153,24 +153,3 @@ class Engine:
             self._reaper.terminate()
             self._reaper.wait(timeout=5)
             self._reaper = None
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def compute_dtype(cuda: bool) -> str:
-    return "bfloat16" if cuda or cpu_has_bf16() else "float32"

@@ -28,14 +28,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from echo2cli.broadcast.delta import DELTA_FILE, apply_delta, delta_dir_name, delta_key
+from echo2cli.broadcast.delta import apply_delta
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, TorrentFile, sha256_file, version_dir_name
+from echo2cli.broadcast.torrent import TorrentFile, sha256_file
 from echo2cli.config import WorkerConfig
 from echo2cli.errors import BroadcastError, ProtocolError, SessionLost
+from echo2cli.layout import VERSIONS_DIR, WEIGHTS_FILE, VersionKey
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import Heartbeat, JoinRequest, JoinResponse, LeaseRequest, PolicyInfo, RolloutBatch, Sample
 from echo2cli.tls import trust_for_torrents
+from echo2cli.units import mbps_to_bytes_per_s
 from echo2cli.worker.client import LearnerClient
 from echo2cli.worker.trust import check_torrent, safe_model_file
 
@@ -50,7 +52,7 @@ class Worker:
         # absolute: the engine directory links to version files, and a relative link target would break
         work_dir = cfg.work_dir or Path.home() / ".cache" / "echo2" / "workers" / cfg.name
         self.work_dir = work_dir.expanduser().resolve()
-        self.versions_dir = self.work_dir / "versions"
+        self.versions_dir = self.work_dir / VERSIONS_DIR
         self.client = LearnerClient(
             cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s,
             ca_cert=cfg.ca_cert,
@@ -77,7 +79,7 @@ class Worker:
     # -- versions ------------------------------------------------------------------------------------
 
     def _vdir(self, version: int) -> Path:
-        return self.versions_dir / version_dir_name(version)
+        return VersionKey(version).dir(self.versions_dir)
 
     def _start_fetch(self, policy: PolicyInfo) -> None:
         """Fetch the delta if we hold its base (verified and loaded), else the full version by slot."""
@@ -90,10 +92,11 @@ class Worker:
             delta = TorrentFile.from_b64(policy.delta_torrent_b64)
             check_torrent(policy, delta.data, delta=True)
             if delta.info_hash == policy.delta_info_hash:
-                self.node.fetch(delta_key(policy.version), delta.data, self.versions_dir, slot=self._slot(policy))
+                key = VersionKey(policy.version, delta=True)
+                self.node.fetch(key, delta.data, self.versions_dir, slot=self._slot(policy))
                 self._via = "delta"
                 return
-        self.node.fetch(policy.version, torrent.data, self.versions_dir, slot=self._slot(policy))
+        self.node.fetch(VersionKey(policy.version), torrent.data, self.versions_dir, slot=self._slot(policy))
 
     @staticmethod
     def _slot(policy: PolicyInfo) -> tuple[int, int] | None:
@@ -105,16 +108,18 @@ class Worker:
         t0 = time.perf_counter()
         try:
             apply_delta(self._vdir(policy.delta_base) / WEIGHTS_FILE,
-                        self.versions_dir / delta_dir_name(policy.version) / DELTA_FILE,
+                        VersionKey(policy.version, delta=True).path(self.versions_dir),
                         self._vdir(policy.version) / WEIGHTS_FILE, expected_sha256=policy.sha256, base_verified=True)
         except BroadcastError as exc:
             self.console.log(f"delta for version {policy.version} unusable ({exc}); fetching the full version")
-            self.node.remove(delta_key(policy.version), delete_dir=self.versions_dir / delta_dir_name(policy.version))
+            delta_key = VersionKey(policy.version, delta=True)
+            self.node.remove(delta_key, delete_dir=delta_key.dir(self.versions_dir))
             self._via = "full"
-            self.node.fetch(policy.version, TorrentFile.from_b64(policy.torrent_b64).data, self.versions_dir)
+            torrent = TorrentFile.from_b64(policy.torrent_b64)
+            self.node.fetch(VersionKey(policy.version), torrent.data, self.versions_dir)
             return False
         self._t_rebuild = time.perf_counter() - t0
-        self.node.seed(policy.version, TorrentFile.from_b64(policy.torrent_b64).data, self.versions_dir)
+        self.node.seed(VersionKey(policy.version), TorrentFile.from_b64(policy.torrent_b64).data, self.versions_dir)
         return True
 
     def _download_done(self) -> bool:
@@ -127,14 +132,14 @@ class Worker:
         if self._verified == policy.version:
             return True
         if self._via == "delta":
-            key = delta_key(policy.version)
+            key = VersionKey(policy.version, delta=True)
             self.node.check(key)
             if self.node.transfers[key].finished_at is None or not self._rebuild_from_delta(policy):
                 return False
             self._verified = policy.version  # apply_delta checked the rebuilt file's SHA-256
             return True
-        self.node.check(policy.version)
-        if self.node.transfers[policy.version].finished_at is None:
+        self.node.check(VersionKey(policy.version))
+        if self.node.transfers[VersionKey(policy.version)].finished_at is None:
             return False
         if sha256_file(self._vdir(policy.version) / WEIGHTS_FILE) != policy.sha256:
             # libtorrent verified the pieces, so the file changed on disk: recheck repairs it. Verified again
@@ -143,8 +148,7 @@ class Worker:
                 raise BroadcastError(f"version {policy.version}: every piece verified, but the file's SHA-256 is "
                                      "not the one the learner announced: its torrent and its hash disagree")
             self._rechecked = policy.version
-            self.node.transfers[policy.version].handle.force_recheck()
-            self.node.transfers[policy.version].finished_at = None
+            self.node.recheck(VersionKey(policy.version))
             return False
         self._verified = policy.version  # hash 269 MB once, not again when the swap follows a wait
         return True
@@ -171,9 +175,8 @@ class Worker:
             if pending is not None:
                 self.console.log(f"version {pending.version} stalled for {FETCH_STALL_S:.0f} s: fetching "
                                  f"{policy.version}")
-                self.node.remove(pending.version, delete_dir=self._vdir(pending.version))
-                self.node.remove(delta_key(pending.version),
-                                 delete_dir=self.versions_dir / delta_dir_name(pending.version))
+                for key in (VersionKey(pending.version), VersionKey(pending.version, delta=True)):
+                    self.node.remove(key, delete_dir=key.dir(self.versions_dir))
                 self.downloading = None
             self._start_fetch(policy)
         finally:
@@ -183,7 +186,7 @@ class Worker:
         """No byte of the pending download arrived for FETCH_STALL_S (a verified one waiting for its swap is
         not stalled)."""
         assert self.node is not None and self.downloading is not None
-        key = delta_key(self.downloading.version) if self._via == "delta" else self.downloading.version
+        key = VersionKey(self.downloading.version, delta=self._via == "delta")
         transfer = self.node.transfers.get(key)
         if transfer is None or transfer.finished_at is not None:
             return False
@@ -197,8 +200,8 @@ class Worker:
     def _record_load(self, policy: PolicyInfo, via: str, t_reload: float, t_swap: float = 0.0) -> None:
         """t_swap: from the last piece verified to the engine generating with the new weights."""
         assert self.node is not None and self.events is not None
-        key = delta_key(policy.version) if via == "delta" else policy.version
-        transfer = self.node.transfers.get(key) or self.node.transfers[policy.version]
+        key = VersionKey(policy.version, delta=via == "delta")
+        transfer = self.node.transfers.get(key) or self.node.transfers[VersionKey(policy.version)]
         self.events.write({
             "event": "loaded", "worker_id": self.worker_id, "version": policy.version,
             "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True, "via": via,
@@ -218,7 +221,7 @@ class Worker:
         if self.downloading is None or not self._download_done():
             return
         policy = self.downloading
-        key = delta_key(policy.version) if self._via == "delta" else policy.version
+        key = VersionKey(policy.version, delta=self._via == "delta")
         verified_at = self.node.transfers[key].finished_at or time.time()
         t_reload = self.engine.reload(self._vdir(policy.version))
         self.loaded, self.downloading = policy.version, None
@@ -232,9 +235,8 @@ class Worker:
     def _prune(self) -> None:
         assert self.node is not None
         keep_after = self.loaded - (self.join_info.staleness + 1)
-        for v in [v for v in self.node.transfers if isinstance(v, int) and v < keep_after]:
-            self.node.remove(v, delete_dir=self._vdir(v))
-            self.node.remove(delta_key(v), delete_dir=self.versions_dir / delta_dir_name(v))
+        for key in [k for k in self.node.transfers if k.version < keep_after]:
+            self.node.remove(key, delete_dir=key.dir(self.versions_dir))
 
     # -- start-up ------------------------------------------------------------------------------------
 
@@ -272,7 +274,7 @@ class Worker:
         pending = self.downloading  # the main thread may replace it: read once
         progress = 0.0
         if node and pending:
-            progress = node.progress(delta_key(pending.version) if self._via == "delta" else pending.version)
+            progress = node.progress(VersionKey(pending.version, delta=self._via == "delta"))
         return self.client.heartbeat(Heartbeat(
             worker_id=self.worker_id, version_loaded=self.loaded if self._engine_up else -1,
             downloading_version=pending.version if pending else None,
@@ -353,11 +355,9 @@ class Worker:
             ahead = self.loaded > latest or (self.downloading is not None and self.downloading.version > latest)
             if ahead:  # versions after the learner's checkpoint no longer exist: go back to its latest
                 for key in list(self.node.transfers):
-                    v = key if isinstance(key, int) else int(key.removeprefix("delta"))
-                    if v >= latest:
-                        gone = v > latest  # keep the file of `latest`: re-adding it re-checks it, fast
-                        vdir = self._vdir(v) if isinstance(key, int) else self.versions_dir / delta_dir_name(v)
-                        self.node.remove(key, delete_dir=vdir if gone else None)
+                    if key.version >= latest:
+                        gone = key.version > latest  # keep the file of `latest`: re-adding it re-checks it, fast
+                        self.node.remove(key, delete_dir=key.dir(self.versions_dir) if gone else None)
                 self.loaded, self._verified, self.downloading = -1, -1, None
                 self._start_fetch(info.policy)
         self.console.log(f"joined again as {self.worker_id}; the learner is at version {latest}")
@@ -377,8 +377,9 @@ class Worker:
         self.events = MetricsWriter(self.work_dir / "events.jsonl")
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
         trust_for_torrents(cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=int(cfg.uplink_mbps * 125_000),
-                                download_limit_bytes_s=int(cfg.downlink_mbps * 125_000), tracker_key=info.tracker_key)
+        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
+                                download_limit_bytes_s=mbps_to_bytes_per_s(cfg.downlink_mbps),
+                                tracker_key=info.tracker_key)
         stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0, "rejoins": 0}
         self._standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")

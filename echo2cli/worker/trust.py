@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from echo2cli.broadcast.delta import DELTA_FILE, delta_dir_name
-from echo2cli.broadcast.torrent import WEIGHTS_FILE, version_dir_name
 from echo2cli.errors import BroadcastError, ProtocolError
+from echo2cli.layout import VersionKey
 from echo2cli.protocol import MODEL_FILES, PolicyInfo
 
 
@@ -30,11 +29,10 @@ def check_torrent(policy: PolicyInfo, data: bytes, *, delta: bool = False) -> No
     """The .torrent holds exactly the one file announced for this version (or its delta)."""
     import libtorrent as lt
 
+    expected = VersionKey(policy.version, delta).relpath
     if delta:
-        expected = PurePosixPath(delta_dir_name(policy.version), DELTA_FILE)
         size, info_hash = policy.delta_size_bytes, policy.delta_info_hash
     else:
-        expected = PurePosixPath(version_dir_name(policy.version), WEIGHTS_FILE)
         size, info_hash = policy.size_bytes, policy.info_hash
     what = f"the {'delta ' if delta else ''}torrent of version {policy.version}"
     try:

@@ -1,21 +1,17 @@
-"""Real processes for the integration tests: spawn `python -m echo2cli ...`, wait for the learner to
-listen, wait for the run to end (killing whatever is left)."""
+"""Real processes for the integration tests: spawn `python -m echo2cli ...` (`echo2cli.launch`), wait for the
+learner to listen, wait for the run to end (killing whatever is left)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-
-def spawn(args: list[str], log: Path, env: dict | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
-    """`prefix`: e.g. `ip netns exec NS`. Each process leads its own group, so `kill_group` takes its vLLM
-    engine processes too, as when a machine is preempted."""
-    return subprocess.Popen([*(prefix or []), sys.executable, "-m", "echo2cli", *args], stdout=open(log, "a"),
-                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+from echo2cli.errors import Echo2Error
+from echo2cli.launch import spawn as spawn  # re-exported for the tests
+from echo2cli.launch import wait_for_learner
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -29,11 +25,10 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 def wait_listening(learner: subprocess.Popen, out: Path, timeout_s: float = 300) -> None:
     """Until the learner has written learner.json (it serves from then on)."""
-    deadline = time.time() + timeout_s
-    while not (out / "learner.json").exists():
-        assert learner.poll() is None, (out / "learner.log").read_text()[-3000:]
-        assert time.time() < deadline, "learner did not start"
-        time.sleep(0.5)
+    try:
+        wait_for_learner(learner, out, out / "learner.log", timeout_s)
+    except Echo2Error as exc:
+        raise AssertionError(f"{exc}\n{(out / 'learner.log').read_text()[-3000:]}") from None
 
 
 def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path) -> None:

@@ -18,6 +18,7 @@ from echo2cli.learner.coordinator import Group
 from echo2cli.learner.trainer import Trainer
 from echo2cli.models import model_dir_with_weights, prepare_default_model
 from echo2cli.protocol import Sample
+from echo2cli.tasks import encode_chat
 from echo2cli.tasks.arithmetic import ArithmeticTask
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,7 @@ def setup(tmp_path_factory):
     model_dir = model_dir_with_weights(export / "model", base, export / "weights" / "model.safetensors")
     tok = AutoTokenizer.from_pretrained(base)
     problems = ArithmeticTask().prompts(seed=1, split="train")
-    prompts = [list(tok.apply_chat_template(list(next(problems).messages), add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)) for _ in range(PROMPTS)]
+    prompts = [encode_chat(tok, next(problems).messages) for _ in range(PROMPTS)]
     engine = Engine(model_dir, kv_cache_gib=0.5, max_model_len=MAX_MODEL_LEN, seed=0)
     yield trainer, engine, prompts
     engine.close()

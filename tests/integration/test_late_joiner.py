@@ -22,6 +22,7 @@ from procs import spawn, stop_all, wait_for, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
+from echo2cli.units import mbps_to_bytes_per_s
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,7 +86,7 @@ def test_a_late_joiner_on_a_slow_link_gets_its_version_and_converges(tmp_path):
     size = loaded[0]["size_bytes"]
     figures = {
         "downlink_mbps": DOWNLINK_MBPS, "size_bytes": size, "version_at_join": v_join,
-        "download_alone_s": size / (DOWNLINK_MBPS * 125_000),
+        "download_alone_s": size / mbps_to_bytes_per_s(DOWNLINK_MBPS),
         "first_load_after_join_s": loaded[0]["time"] - t_join,
         "first_download_s": loaded[0]["t_download_s"],
         "loads": [(e["version"], e["via"], round(e["t_download_s"], 1)) for e in loaded],

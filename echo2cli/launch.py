@@ -1,0 +1,47 @@
+"""Starting echo2 processes from Python, and finding a learner once it serves.
+
+`echo2 demo`, the integration tests and the scripts all start learners and workers as real processes
+(`python -m echo2cli ...`), each leading its own process group so that stopping it stops its vLLM engine
+processes too. A learner writes `<out>/learner.json` (url, run id, pid) once its API serves; whoever
+started it waits for that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from echo2cli.errors import Echo2Error
+from echo2cli.layout import LEARNER_FILE
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None,
+          prefix: list[str] | None = None) -> subprocess.Popen:
+    """`echo2 <args>` as a process writing to `log` (appended). `prefix`: e.g. `ip netns exec NS`."""
+    with open(log, "a") as out:  # the child keeps its own handle
+        return subprocess.Popen([*(prefix or []), sys.executable, "-m", "echo2cli", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def announce_learner(out: Path, info: dict[str, Any]) -> None:
+    """Written then renamed: a reader never sees half the file."""
+    tmp = out / (LEARNER_FILE + ".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.rename(out / LEARNER_FILE)
+
+
+def wait_for_learner(proc: subprocess.Popen, out: Path, log: Path, timeout_s: float = 600) -> dict[str, Any]:
+    """The learner's `learner.json` once it serves; an Echo2Error naming the log if it exits or takes too long."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if (out / LEARNER_FILE).exists():
+            return dict(json.loads((out / LEARNER_FILE).read_text()))
+        if proc.poll() is not None:
+            raise Echo2Error(f"learner exited with code {proc.returncode}: see {log}")
+        time.sleep(0.2)
+    raise Echo2Error(f"learner did not start within {timeout_s:.0f} s: see {log}")
