@@ -27,8 +27,9 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Manage model directories.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-bench_app = typer.Typer(help="Benchmarks that print ratios against a baseline measured in the same run.",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks that print ratios against a baseline measured in the same run.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
@@ -43,8 +44,11 @@ def _flags(**kwargs: Any) -> dict[str, Any]:
 def learner(
     config: Path | None = ConfigOpt,
     model: str | None = typer.Option(None, help="'default' or a local HF model directory"),
-    task: str | None = typer.Option(None, help="task adapter: arithmetic | math | poker | package.module:Class "
-                                    "(options: [learner.task_options] in --config)"),
+    task: str | None = typer.Option(
+        None,
+        help="task adapter: arithmetic | math | poker | package.module:Class "
+        "(options: [learner.task_options] in --config)",
+    ),
     out: Path | None = typer.Option(None, "--out", help="run directory (metrics.jsonl, versions/, checkpoints/)"),
     steps: int | None = typer.Option(None, help="optimizer steps"),
     prompts_per_step: int | None = typer.Option(None, help="prompts per step (B = prompts x G)"),
@@ -60,22 +64,33 @@ def learner(
     uplink_mbps: float | None = typer.Option(None, help="cap the learner's torrent upload"),
     token: str | None = typer.Option(None, help="join token workers must present (or ECHO2_TOKEN, or --token-file)"),
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
-    insecure_no_token: bool | None = typer.Option(None, "--insecure-no-token", help="allow no join token on a "
-                                                  "non-loopback --host, or on --resume of a run that had one"),
+    insecure_no_token: bool | None = typer.Option(
+        None,
+        "--insecure-no-token",
+        help="allow no join token on a non-loopback --host, or on --resume of a run that had one",
+    ),
     checkpoint_every: int | None = typer.Option(None, help="steps between checkpoints (0 = final only)"),
     lease_timeout_s: float | None = typer.Option(None, help="a lease not returned by then is leased again"),
-    eval_every: int | None = typer.Option(None, help="evaluate every N-th version on the held-out split in a "
-                                          "subprocess, logged as eval/* (0 = never)"),
+    eval_every: int | None = typer.Option(
+        None, help="evaluate every N-th version on the held-out split in a subprocess, logged as eval/* (0 = never)"
+    ),
     tls_cert: Path | None = typer.Option(None, help="PEM certificate: serve the API and tracker over HTTPS"),
     tls_key: Path | None = typer.Option(None, help="PEM private key of --tls-cert"),
     torch_threads: int | None = typer.Option(None, help="torch threads (0 = default)"),
-    activation: str | None = typer.Option(None, help="cost: the cheapest workers reaching gamma*mu_min generate, "
-                                          "the rest stand by | all: every worker generates"),
+    activation: str | None = typer.Option(
+        None,
+        help="cost: the cheapest workers reaching gamma*mu_min generate, "
+        "the rest stand by | all: every worker generates",
+    ),
     gamma: float | None = typer.Option(None, help="provisioning margin over mu_min"),
     learner_usd_per_hour: float | None = typer.Option(None, help="price of the learner box, for cost per step"),
     seed: int | None = typer.Option(None),
-    resume: Path | None = typer.Option(None, "--resume", help="continue a run: its directory (newest checkpoint) "
-                                       "or one checkpoint directory; its saved config is the base, flags override"),
+    resume: Path | None = typer.Option(
+        None,
+        "--resume",
+        help="continue a run: its directory (newest checkpoint) "
+        "or one checkpoint directory; its saved config is the base, flags override",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
 ) -> None:
     """Run the GRPO learner: coordination API + tracker on HOST:PORT, publishing every version as a torrent.
@@ -90,15 +105,42 @@ def learner(
         checkpoint = find_checkpoint(resume)
         state = read_state(checkpoint)
         base = {**state["config"], "out_dir": str(checkpoint.parent.parent)}
-    cfg = load_config(LearnerConfig, config, _flags(
-        model=model, task=task, out_dir=out, steps=steps, prompts_per_step=prompts_per_step,
-        group_size=group_size, max_new_tokens=max_new_tokens, staleness=staleness, kappa=kappa, lr=lr,
-        host=host, port=port, public_url=public_url, bt_listen=bt_listen, uplink_mbps=uplink_mbps,
-        token=token, token_file=token_file, insecure_no_token=insecure_no_token, checkpoint_every=checkpoint_every,
-        torch_threads=torch_threads, seed=seed,
-        lease_timeout_s=lease_timeout_s, tls_cert=tls_cert, tls_key=tls_key, eval_every=eval_every,
-        activation=activation, gamma=gamma, learner_usd_per_hour=learner_usd_per_hour,
-    ), "learner", base=base)
+    cfg = load_config(
+        LearnerConfig,
+        config,
+        _flags(
+            model=model,
+            task=task,
+            out_dir=out,
+            steps=steps,
+            prompts_per_step=prompts_per_step,
+            group_size=group_size,
+            max_new_tokens=max_new_tokens,
+            staleness=staleness,
+            kappa=kappa,
+            lr=lr,
+            host=host,
+            port=port,
+            public_url=public_url,
+            bt_listen=bt_listen,
+            uplink_mbps=uplink_mbps,
+            token=token,
+            token_file=token_file,
+            insecure_no_token=insecure_no_token,
+            checkpoint_every=checkpoint_every,
+            torch_threads=torch_threads,
+            seed=seed,
+            lease_timeout_s=lease_timeout_s,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            eval_every=eval_every,
+            activation=activation,
+            gamma=gamma,
+            learner_usd_per_hour=learner_usd_per_hour,
+        ),
+        "learner",
+        base=base,
+    )
     if checkpoint is not None:
         resume_check(state["config"], int(state["step"]), cfg, had_token=bool(state.get("token_required", True)))
     from echo2cli.learner.loop import Learner
@@ -118,13 +160,18 @@ def learner(
                 f"T_bcast {m.get('bcast/t_s') or float('nan'):.1f}s workers {m['workers/active']}"
             )
             if "eval/greedy_accuracy" in m:
-                console.print(f"  eval of v{m['eval/version']}: greedy accuracy {m['eval/greedy_accuracy']:.3f}, "
-                              f"pass@k {m['eval/pass_at_k']:.3f}")
+                console.print(
+                    f"  eval of v{m['eval/version']}: greedy accuracy {m['eval/greedy_accuracy']:.3f}, "
+                    f"pass@k {m['eval/pass_at_k']:.3f}"
+                )
 
     def on_decision(d: dict[str, Any]) -> None:
         if not quiet:
-            console.print(f"activation: {', '.join(d['active']) or '-'} active, {', '.join(d['standby']) or '-'} "
-                          f"on standby ({d['decision']}; {d['reason']})", soft_wrap=True)
+            console.print(
+                f"activation: {', '.join(d['active']) or '-'} active, {', '.join(d['standby']) or '-'} "
+                f"on standby ({d['decision']}; {d['reason']})",
+                soft_wrap=True,
+            )
 
     run.on_decision = on_decision
     summary = run.run(on_step)
@@ -132,8 +179,10 @@ def learner(
     if quiet:
         return
     if summary["stopped_at"] is not None:
-        console.print(f"stopped at step {summary['stopped_at']}: checkpoint {summary['checkpoint']}; "
-                      f"continue with: echo2 learner --resume {cfg.out_dir}")
+        console.print(
+            f"stopped at step {summary['stopped_at']}: checkpoint {summary['checkpoint']}; "
+            f"continue with: echo2 learner --resume {cfg.out_dir}"
+        )
     else:
         console.print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s; metrics {summary['metrics']}")
 
@@ -158,8 +207,11 @@ def worker(
     config: Path | None = ConfigOpt,
     token: str | None = typer.Option(None, help="the learner's join token (or ECHO2_TOKEN, or --token-file)"),
     token_file: Path | None = typer.Option(None, help="file holding the join token"),
-    ca_cert: Path | None = typer.Option(None, help="for an https:// learner: trust this certificate (its self-signed "
-                                        "one, or a private CA) besides the system CAs"),
+    ca_cert: Path | None = typer.Option(
+        None,
+        help="for an https:// learner: trust this certificate (its self-signed "
+        "one, or a private CA) besides the system CAs",
+    ),
     name: str | None = typer.Option(None, help="worker name (default host-pid)"),
     work_dir: Path | None = typer.Option(None, help="where policy versions are stored"),
     prompts_per_lease: int | None = typer.Option(None, help="prompts per lease"),
@@ -168,21 +220,40 @@ def worker(
     bt_listen: str | None = typer.Option(None, help="libtorrent listen interface host:port"),
     uplink_mbps: float | None = typer.Option(None, help="cap this worker's torrent upload"),
     downlink_mbps: float | None = typer.Option(None, help="cap this worker's torrent download"),
-    usd_per_hour: float | None = typer.Option(None, help="price of this worker in $/h; the learner activates "
-                                              "the cheapest workers per rollout first"),
-    max_rollouts_per_s: float | None = typer.Option(None, help="throttle generation to this many rollouts/s "
-                                                    "(emulate a slower GPU)"),
-    learner_restart_s: float | None = typer.Option(None, help="once joined, keep retrying a learner that went "
-                                                   "away this long (it may be resuming) before giving up"),
+    usd_per_hour: float | None = typer.Option(
+        None, help="price of this worker in $/h; the learner activates the cheapest workers per rollout first"
+    ),
+    max_rollouts_per_s: float | None = typer.Option(
+        None, help="throttle generation to this many rollouts/s (emulate a slower GPU)"
+    ),
+    learner_restart_s: float | None = typer.Option(
+        None, help="once joined, keep retrying a learner that went away this long (it may be resuming) before giving up"
+    ),
     quiet: bool = typer.Option(False, "--quiet"),
 ) -> None:
     """Join a learner, fetch policy versions from the swarm and generate rollouts with vLLM."""
-    cfg = load_config(WorkerConfig, config, _flags(
-        join=join, token=token, token_file=token_file, ca_cert=ca_cert, name=name, work_dir=work_dir,
-        prompts_per_lease=prompts_per_lease, kv_cache_gib=kv_cache_gib, dtype=dtype, bt_listen=bt_listen,
-        uplink_mbps=uplink_mbps, downlink_mbps=downlink_mbps, usd_per_hour=usd_per_hour,
-        max_rollouts_per_s=max_rollouts_per_s, learner_restart_s=learner_restart_s,
-    ), "worker")
+    cfg = load_config(
+        WorkerConfig,
+        config,
+        _flags(
+            join=join,
+            token=token,
+            token_file=token_file,
+            ca_cert=ca_cert,
+            name=name,
+            work_dir=work_dir,
+            prompts_per_lease=prompts_per_lease,
+            kv_cache_gib=kv_cache_gib,
+            dtype=dtype,
+            bt_listen=bt_listen,
+            uplink_mbps=uplink_mbps,
+            downlink_mbps=downlink_mbps,
+            usd_per_hour=usd_per_hour,
+            max_rollouts_per_s=max_rollouts_per_s,
+            learner_restart_s=learner_restart_s,
+        ),
+        "worker",
+    )
     from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
 
     install_sigterm_as_interrupt()
@@ -200,8 +271,9 @@ def demo(
     lr: float | None = typer.Option(None, help="learning rate (default 5e-5)"),
 ) -> None:
     """Learner + K local workers on the default model and arithmetic task, with a live view and summary."""
-    cfg = load_config(DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness, lr=lr),
-                      "demo")
+    cfg = load_config(
+        DemoConfig, config, _flags(steps=steps, workers=workers, out_dir=out, staleness=staleness, lr=lr), "demo"
+    )
     from echo2cli.demo import run_demo
 
     run_demo(cfg, Console())
@@ -209,24 +281,36 @@ def demo(
 
 @app.command("eval")
 def eval_(
-    task: str | None = typer.Option(None, help="arithmetic | math | poker | package.module:Class "
-                                    "(default: the run's task with --run, else arithmetic)"),
+    task: str | None = typer.Option(
+        None,
+        help="arithmetic | math | poker | package.module:Class (default: the run's task with --run, else arithmetic)",
+    ),
     model: str | None = typer.Option(None, help="'default' or an HF model directory (a checkpoint is one)"),
-    run: Path | None = typer.Option(None, "--run", help="a learner run directory: its newest checkpoint, task, "
-                                    "task options and completion length"),
-    version: int | None = typer.Option(None, "--version", help="with --run: a published version "
-                                       "(RUN/versions/vN, the newest S+1 are kept) instead of the checkpoint"),
+    run: Path | None = typer.Option(
+        None, "--run", help="a learner run directory: its newest checkpoint, task, task options and completion length"
+    ),
+    version: int | None = typer.Option(
+        None,
+        "--version",
+        help="with --run: a published version (RUN/versions/vN, the newest S+1 are kept) instead of the checkpoint",
+    ),
     limit: int = typer.Option(200, help="held-out problems (the first N distinct ones of the eval split)"),
     k: int = typer.Option(4, help="samples per problem at temperature 1 for pass@k (0 = greedy only)"),
-    max_new_tokens: int | None = typer.Option(None, help="completion length cap (default: the run's, or the "
-                                              "task's suggestion, or 16)"),
-    option: list[str] = typer.Option([], "--option", help="task option KEY=VALUE (repeatable; VALUE as JSON "
-                                     "if it parses, else text), e.g. --option path=gsm8k.jsonl"),
+    max_new_tokens: int | None = typer.Option(
+        None, help="completion length cap (default: the run's, or the task's suggestion, or 16)"
+    ),
+    option: list[str] = typer.Option(
+        [],
+        "--option",
+        help="task option KEY=VALUE (repeatable; VALUE as JSON "
+        "if it parses, else text), e.g. --option path=gsm8k.jsonl",
+    ),
     seed: int = typer.Option(0),
     kv_cache_gib: float = typer.Option(4.0, help="vLLM KV cache on CPU, GiB: room for many problems at once"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
-    out: Path | None = typer.Option(None, "--out", help="write the result as JSON here (with --run: default "
-                                    "RUN/eval/TASK-step_N.json)"),
+    out: Path | None = typer.Option(
+        None, "--out", help="write the result as JSON here (with --run: default RUN/eval/TASK-step_N.json)"
+    ),
 ) -> None:
     """Held-out greedy accuracy and pass@k of a model or a run's checkpoint on a task, with vLLM."""
     from rich.table import Table
@@ -254,8 +338,16 @@ def eval_(
     with contextlib.ExitStack() as stack:
         if version is not None:
             model = str(stack.enter_context(published_version(Path(run), version, checkpoint)))
-        result = evaluate(model or "default", task, task_options=options, limit=limit, k=k,
-                          max_new_tokens=max_new_tokens, seed=seed, kv_cache_gib=kv_cache_gib)
+        result = evaluate(
+            model or "default",
+            task,
+            task_options=options,
+            limit=limit,
+            k=k,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            kv_cache_gib=kv_cache_gib,
+        )
     if out is None and checkpoint is not None:
         name = f"v{version:06d}" if version is not None else checkpoint.name
         out = Path(run) / "eval" / f"{task.replace(':', '.')}-{name}.json"
@@ -298,19 +390,31 @@ def plan_cmd(
     staleness: int | None = typer.Option(None, "--staleness", "-S", help="S: max policy lag of a trained rollout"),
     kappa: int | None = typer.Option(None, help="publish every kappa steps (default 1)"),
     gamma: float | None = typer.Option(None, help="provision gamma * mu_min (default 1.1)"),
-    workers: Path | None = typer.Option(None, "--workers", help="pool TOML: [[workers]] name, usd_per_hour, "
-                                        "rollouts_per_s (see examples/pool-8.toml)"),
+    workers: Path | None = typer.Option(
+        None, "--workers", help="pool TOML: [[workers]] name, usd_per_hour, rollouts_per_s (see examples/pool-8.toml)"
+    ),
     mu: str | None = typer.Option(None, help="a pool of free workers instead: rollouts/s, comma-separated"),
-    from_run: Path | None = typer.Option(None, "--from-run", help="learner run directory: measured T_train, "
-                                         "T_bcast, B, S, kappa and per-worker throughput; flags override"),
-    rule: str = typer.Option("echo2", help="threshold activation targets: echo2 (derived, simulator-checked) "
-                             "| paper (kappa*B/(kappa*T_train - T_bcast))"),
+    from_run: Path | None = typer.Option(
+        None,
+        "--from-run",
+        help="learner run directory: measured T_train, T_bcast, B, S, kappa and per-worker throughput; flags override",
+    ),
+    rule: str = typer.Option(
+        "echo2",
+        help="threshold activation targets: echo2 (derived, simulator-checked) "
+        "| paper (kappa*B/(kappa*T_train - T_bcast))",
+    ),
     lease_rollouts: float = typer.Option(32.0, help="q: rollouts per lease (prompts per lease x G)"),
-    group_size: int | None = typer.Option(None, "--group-size", "-G", help="G: rollouts per prompt; a worker that "
-                                          "cannot return G within S+1 steps gets no lease (default 8)"),
+    group_size: int | None = typer.Option(
+        None,
+        "--group-size",
+        "-G",
+        help="G: rollouts per prompt; a worker that cannot return G within S+1 steps gets no lease (default 8)",
+    ),
     learner_usd_per_hour: float | None = typer.Option(None, help="learner price, counted in every cost"),
-    learner_rollouts_per_s: float | None = typer.Option(None, help="learner's own generation rate "
-                                                        "(centralized baseline)"),
+    learner_rollouts_per_s: float | None = typer.Option(
+        None, help="learner's own generation rate (centralized baseline)"
+    ),
     seed: int = typer.Option(0, help="seed of the random-activation baseline"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON on stdout"),
     plot: Path | None = typer.Option(None, help="PNG: predicted and simulated bubble ratio vs pool throughput"),
@@ -336,15 +440,32 @@ def plan_cmd(
             pool = [WorkerSpec(f"w{i}", 0.0, float(x)) for i, x in enumerate(mu.split(","))]
         except ValueError:
             raise ConfigError(f"--mu takes comma-separated rollouts/s, e.g. 4,4,2.5 (got {mu!r})") from None
-    given = _flags(batch=batch, group_size=group_size, t_train_s=t_train, t_bcast_s=t_bcast, staleness=staleness,
-                   kappa=kappa, gamma=gamma,
-                   learner_usd_per_hour=learner_usd_per_hour if learner_usd_per_hour is not None
-                   else learner_extra.get("usd_per_hour"),
-                   learner_rollouts_per_s=learner_rollouts_per_s if learner_rollouts_per_s is not None
-                   else learner_extra.get("rollouts_per_s"))
+    given = _flags(
+        batch=batch,
+        group_size=group_size,
+        t_train_s=t_train,
+        t_bcast_s=t_bcast,
+        staleness=staleness,
+        kappa=kappa,
+        gamma=gamma,
+        learner_usd_per_hour=learner_usd_per_hour
+        if learner_usd_per_hour is not None
+        else learner_extra.get("usd_per_hour"),
+        learner_rollouts_per_s=learner_rollouts_per_s
+        if learner_rollouts_per_s is not None
+        else learner_extra.get("rollouts_per_s"),
+    )
     base.update({k: v for k, v in given.items() if v is not None})
-    missing = [flag for flag, key in (("--batch", "batch"), ("--t-train", "t_train_s"), ("--t-bcast", "t_bcast_s"),
-                                      ("--staleness", "staleness")) if key not in base]
+    missing = [
+        flag
+        for flag, key in (
+            ("--batch", "batch"),
+            ("--t-train", "t_train_s"),
+            ("--t-bcast", "t_bcast_s"),
+            ("--staleness", "staleness"),
+        )
+        if key not in base
+    ]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
     if not pool:
@@ -367,28 +488,47 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
 
     inp = out["inputs"]
     con = Console()
-    con.print(f"B = {inp['batch']:g} rollouts/step, T_train = {inp['t_train_s']:.2f} s, T_bcast = "
-              f"{inp['t_bcast_s']:.2f} s, S = {inp['staleness']}, kappa = {inp['kappa']}, gamma = {inp['gamma']:g}")
+    con.print(
+        f"B = {inp['batch']:g} rollouts/step, T_train = {inp['t_train_s']:.2f} s, T_bcast = "
+        f"{inp['t_bcast_s']:.2f} s, S = {inp['staleness']}, kappa = {inp['kappa']}, gamma = {inp['gamma']:g}"
+    )
     paper = "infeasible" if out["mu_min"] is None else f"{out['mu_min']:.2f}"
-    con.print(f"mu_min (paper's rule) {paper}  ·  mu_min_echo2 {out['mu_min_echo2']:.2f}  ·  rate bound B/T_train "
-              f"{out['mu_rate_bound']:.2f}  ·  target gamma*mu_min ({out['rule']}) {out['target_mu']:.2f} rollouts/s")
+    con.print(
+        f"mu_min (paper's rule) {paper}  ·  mu_min_echo2 {out['mu_min_echo2']:.2f}  ·  rate bound B/T_train "
+        f"{out['mu_rate_bound']:.2f}  ·  target gamma*mu_min ({out['rule']}) {out['target_mu']:.2f} rollouts/s"
+    )
     active = set(out["recommended"]["active"])
     workers = Table("worker", "$/h", "rollouts/s", "$ per 1k rollouts", "state", title="cost-aware activation")
     for w in sorted(pool, key=lambda w: w.rho):
-        workers.add_row(w.name, f"{w.usd_per_hour:.3f}", f"{w.rollouts_per_s:.2f}", f"{w.rho * 1000:.4f}",
-                        "[green]active[/]" if w.name in active else "standby")
+        workers.add_row(
+            w.name,
+            f"{w.usd_per_hour:.3f}",
+            f"{w.rollouts_per_s:.2f}",
+            f"{w.rho * 1000:.4f}",
+            "[green]active[/]" if w.name in active else "standby",
+        )
     con.print(workers)
     table = Table("choice", "mu_pool", "step s", "bubble", "$ / step", "$ / 1k rollouts", title="predicted")
-    rows = {"cost-aware (recommended)": out["recommended"], **{k.replace("_", " "): v
-                                                                for k, v in out["baselines"].items()}}
+    rows = {
+        "cost-aware (recommended)": out["recommended"],
+        **{k.replace("_", " "): v for k, v in out["baselines"].items()},
+    }
     for label, o in rows.items():
-        table.add_row(label, f"{o['mu_pool']:.2f}", f"{o['step_time_s']:.2f}", f"{o['bubble_ratio']:.3f}",
-                      f"{o['usd_per_step']:.5f}", f"{o['usd_per_1k_rollouts']:.4f}")
+        table.add_row(
+            label,
+            f"{o['mu_pool']:.2f}",
+            f"{o['step_time_s']:.2f}",
+            f"{o['bubble_ratio']:.3f}",
+            f"{o['usd_per_step']:.5f}",
+            f"{o['usd_per_1k_rollouts']:.4f}",
+        )
     con.print(table)
     if "run" in out:
         run = out["run"]
-        con.print(f"run: measured bubble ratio {run['measured_bubble']:.3f} over {run['steps']} steps; model predicts "
-                  f"{run['predicted_bubble']:.3f} for the {len(run['workers'])} measured worker(s)")
+        con.print(
+            f"run: measured bubble ratio {run['measured_bubble']:.3f} over {run['steps']} steps; model predicts "
+            f"{run['predicted_bubble']:.3f} for the {len(run['workers'])} measured worker(s)"
+        )
     for note in out["notes"]:
         con.print(f"note: {note}")
 
@@ -407,11 +547,13 @@ def bench_broadcast(
     uplink_mbps: float = typer.Option(100.0, help="learner uplink cap U, Mbit/s"),
     worker_up_mbps: float | None = typer.Option(None, help="each worker's uplink cap (default: U)"),
     worker_down_mbps: float | None = typer.Option(None, help="each worker's downlink cap (default: U)"),
-    size_mb: float | None = typer.Option(None, help="synthetic payload of this many MB (default: the default "
-                                         "model in bf16, 269 MB)"),
+    size_mb: float | None = typer.Option(
+        None, help="synthetic payload of this many MB (default: the default model in bf16, 269 MB)"
+    ),
     method: str = typer.Option("star,swarm", help="methods to run: star, swarm or both"),
-    mode: str = typer.Option("auto", help="netns (namespaces + tc tbf, needs root) | loopback "
-                             "(libtorrent/HTTP rate limits) | auto"),
+    mode: str = typer.Option(
+        "auto", help="netns (namespaces + tc tbf, needs root) | loopback (libtorrent/HTTP rate limits) | auto"
+    ),
     plot: Path | None = typer.Option(None, help="write a PNG of T_bcast vs N"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on stdout"),
 ) -> None:
@@ -431,24 +573,41 @@ def bench_broadcast(
         raise ConfigError("--method takes star, swarm or star,swarm")
 
     def progress(row) -> None:
-        console.print(f"{row.method:5s} N={row.n}: T_bcast {row.t_bcast_s:6.1f} s  T* {row.lower_bound_s:5.1f} s  "
-                      f"ratio {row.ratio:4.2f}  learner upload {row.learner_upload_over_size:4.2f}x  ({row.mode})",
-                      soft_wrap=True)
+        console.print(
+            f"{row.method:5s} N={row.n}: T_bcast {row.t_bcast_s:6.1f} s  T* {row.lower_bound_s:5.1f} s  "
+            f"ratio {row.ratio:4.2f}  learner upload {row.learner_upload_over_size:4.2f}x  ({row.mode})",
+            soft_wrap=True,
+        )
 
-    rows = run_bench(counts, up_mbps=uplink_mbps, worker_up_mbps=worker_up_mbps, worker_down_mbps=worker_down_mbps,
-                     size_mb=size_mb, methods=methods, mode=mode, on_row=progress)
+    rows = run_bench(
+        counts,
+        up_mbps=uplink_mbps,
+        worker_up_mbps=worker_up_mbps,
+        worker_down_mbps=worker_down_mbps,
+        size_mb=size_mb,
+        methods=methods,
+        mode=mode,
+        on_row=progress,
+    )
     if plot is not None:
         plot_rows(rows, plot)
     if as_json:
         print(rows_json(rows))
         return
-    table = Table(title=f"one version, {rows[0].size_bytes / 1e6:.0f} MB, learner uplink {uplink_mbps:g} Mbit/s "
-                  f"({rows[0].mode})")
+    table = Table(
+        title=f"one version, {rows[0].size_bytes / 1e6:.0f} MB, learner uplink {uplink_mbps:g} Mbit/s ({rows[0].mode})"
+    )
     for col in ("method", "N", "T_bcast s", "T* s", "T_bcast/T*", "learner upload / M"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r.method, str(r.n), f"{r.t_bcast_s:.1f}", f"{r.lower_bound_s:.1f}", f"{r.ratio:.2f}",
-                      f"{r.learner_upload_over_size:.2f}")
+        table.add_row(
+            r.method,
+            str(r.n),
+            f"{r.t_bcast_s:.1f}",
+            f"{r.lower_bound_s:.1f}",
+            f"{r.ratio:.2f}",
+            f"{r.learner_upload_over_size:.2f}",
+        )
     Console().print(table)
 
 

@@ -48,11 +48,17 @@ class _Config(BaseModel):
 class LearnerConfig(_Config):
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
     task: str = Field("arithmetic", description="task adapter: arithmetic | math | poker | 'package.module:Class'")
-    task_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task "
-                                         "(TOML table [learner.task_options], e.g. path = 'gsm8k.jsonl')")
+    task_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the task (TOML table [learner.task_options], e.g. path = 'gsm8k.jsonl')",
+    )
     reward_timeout_s: float = Field(5.0, gt=0.0, description="a completion whose reward takes longer scores 0")
-    eval_every: int = Field(0, ge=0, description="evaluate every N-th version on the eval split beside training "
-                            "(a subprocess with its own vLLM engine; 0 = never)")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="evaluate every N-th version on the eval split beside training "
+        "(a subprocess with its own vLLM engine; 0 = never)",
+    )
     eval_limit: int = Field(100, ge=1, description="held-out problems per periodic evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in periodic evaluations")
     out_dir: Path = Field(Path("runs/latest"), description="metrics, policy versions and checkpoints")
@@ -75,12 +81,16 @@ class LearnerConfig(_Config):
     public_url: str | None = Field(None, description="URL workers use to reach this learner (default: bound)")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on the learner's torrent upload (0 = none)")
-    token: str | None = Field(None, exclude=True, repr=False,
-                              description="join token workers must present (never written to disk or logs)")
+    token: str | None = Field(
+        None, exclude=True, repr=False, description="join token workers must present (never written to disk or logs)"
+    )
     token_file: Path | None = Field(None, description="read the join token from this file instead")
-    insecure_no_token: bool = Field(False, exclude=True,  # never inherited by a resumed run: say it again
-                                    description="serve without a join token on a non-loopback address, or resume "
-                                    "a run that had one without it: anyone who reaches the port can join")
+    insecure_no_token: bool = Field(
+        False,
+        exclude=True,  # never inherited by a resumed run: say it again
+        description="serve without a join token on a non-loopback address, or resume "
+        "a run that had one without it: anyone who reaches the port can join",
+    )
     tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve the API and tracker over HTTPS")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     lease_timeout_s: float = Field(120.0, gt=0.0, description="unfinished prompts are leased again after this")
@@ -89,8 +99,10 @@ class LearnerConfig(_Config):
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch default)")
     activation: Literal["cost", "all"] = Field(
-        "cost", description="cost: the cheapest workers that reach gamma*mu_min generate, the rest stand by; "
-        "all: every worker generates")
+        "cost",
+        description="cost: the cheapest workers that reach gamma*mu_min generate, the rest stand by; "
+        "all: every worker generates",
+    )
     gamma: float = Field(1.1, ge=1.0, description="provision gamma * mu_min rollouts/s")
     plan_every: int = Field(2, ge=1, description="steps between re-plans (joins and deaths re-plan at once)")
     plan_rule: Literal["echo2", "paper"] = Field("echo2", description="which mu_min activation targets")
@@ -105,8 +117,10 @@ class LearnerConfig(_Config):
     @model_validator(mode="after")
     def _token_off_loopback(self) -> LearnerConfig:
         if self.token is None and not self.insecure_no_token and not is_loopback(self.host):
-            raise ValueError(f"listening on {self.host} without a join token would let anyone who reaches it join "
-                             "and send rollouts: pass --token (or --token-file), or --insecure-no-token if you mean it")
+            raise ValueError(
+                f"listening on {self.host} without a join token would let anyone who reaches it join "
+                "and send rollouts: pass --token (or --token-file), or --insecure-no-token if you mean it"
+            )
         return self
 
     @model_validator(mode="after")
@@ -120,8 +134,11 @@ class WorkerConfig(_Config):
     join: str = Field(description="learner URL, e.g. http://10.0.0.5:8700")
     token: str | None = Field(None, exclude=True, repr=False, description="the learner's join token")
     token_file: Path | None = Field(None, description="read the join token from this file instead")
-    ca_cert: Path | None = Field(None, description="trust this certificate (a private CA, or the learner's "
-                                 "self-signed one) for an https:// learner, besides the system CAs")
+    ca_cert: Path | None = Field(
+        None,
+        description="trust this certificate (a private CA, or the learner's "
+        "self-signed one) for an https:// learner, besides the system CAs",
+    )
     name: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
     work_dir: Path | None = Field(None, description="where versions are stored (default: ~/.cache/echo2/workers/NAME)")
     prompts_per_lease: int = Field(4, ge=1, le=256, description="prompts asked for per lease")
@@ -130,15 +147,24 @@ class WorkerConfig(_Config):
     dtype: str = Field("auto", description="engine compute dtype: auto | bfloat16 | float32")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload (0 = none)")
-    downlink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent download, e.g. to "
-                                 "emulate a slow link or leave bandwidth to others (0 = none)")
+    downlink_mbps: float = Field(
+        0.0,
+        ge=0.0,
+        description="cap on this worker's torrent download, e.g. to "
+        "emulate a slow link or leave bandwidth to others (0 = none)",
+    )
     usd_per_hour: float = Field(0.0, ge=0.0, description="price of this worker, for cost-aware activation")
-    max_rollouts_per_s: float = Field(0.0, ge=0.0, description="throttle generation to this rate, emulating a "
-                                      "slower GPU (0 = no throttle)")
+    max_rollouts_per_s: float = Field(
+        0.0, ge=0.0, description="throttle generation to this rate, emulating a slower GPU (0 = no throttle)"
+    )
     request_timeout_s: float = Field(30.0, gt=0.0, description="HTTP timeout for one call to the learner")
     unreachable_s: float = Field(60.0, gt=0.0, description="give up joining a learner unreachable this long")
-    learner_restart_s: float = Field(600.0, gt=0.0, description="once joined, keep retrying a learner that went "
-                                     "away this long (a restart resuming from its checkpoint) before giving up")
+    learner_restart_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="once joined, keep retrying a learner that went "
+        "away this long (a restart resuming from its checkpoint) before giving up",
+    )
     seed: int = 0
 
 

@@ -59,16 +59,25 @@ def live_view(status: Status | None, phase: str) -> Group:
         return Group(head)
     m = status.last_metrics
     head.add_row(
-        f"step [bold]{status.step}/{status.target_steps}[/]", f"version {status.version}",
-        f"reward {_fmt(m.get('rollout/reward_mean'), '.3f')}", f"T_train {_fmt(m.get('learner/t_train_s'), '.1f')} s",
-        f"T_bcast {_fmt(m.get('bcast/t_s'), '.1f')} s", f"bubble {_fmt(m.get('learner/bubble_ratio'))}",
+        f"step [bold]{status.step}/{status.target_steps}[/]",
+        f"version {status.version}",
+        f"reward {_fmt(m.get('rollout/reward_mean'), '.3f')}",
+        f"T_train {_fmt(m.get('learner/t_train_s'), '.1f')} s",
+        f"T_bcast {_fmt(m.get('bcast/t_s'), '.1f')} s",
+        f"bubble {_fmt(m.get('learner/bubble_ratio'))}",
         f"upload/model {_fmt(m.get('bcast/upload_ratio'))}",
     )
     workers = Table("worker", "loaded", "downloading", "tok/s", "rollouts", "active", box=None)
     for w in status.workers:
         dl = "-" if w.downloading_version is None else f"v{w.downloading_version} {w.download_progress:.0%}"
-        workers.add_row(w.name, f"v{w.version_loaded}", dl, f"{w.tokens_per_s:.0f}", str(w.rollouts),
-                        ("standby" if w.standby else "yes") if w.active else "no")
+        workers.add_row(
+            w.name,
+            f"v{w.version_loaded}",
+            dl,
+            f"{w.tokens_per_s:.0f}",
+            str(w.rollouts),
+            ("standby" if w.standby else "yes") if w.active else "no",
+        )
     return Group(head, workers)
 
 
@@ -127,10 +136,28 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     port = cfg.port or free_port()
     t0 = time.time()
     learner = spawn(
-        ["learner", "--out", str(out), "--steps", str(cfg.steps), "--port", str(port), "--host", "127.0.0.1",
-         "--bt-listen", "127.0.0.1:0", "--prompts-per-step", str(cfg.prompts_per_step),
-         "--group-size", str(cfg.group_size), "--staleness", str(cfg.staleness), "--lr", str(cfg.lr),
-         "--quiet"],
+        [
+            "learner",
+            "--out",
+            str(out),
+            "--steps",
+            str(cfg.steps),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--prompts-per-step",
+            str(cfg.prompts_per_step),
+            "--group-size",
+            str(cfg.group_size),
+            "--staleness",
+            str(cfg.staleness),
+            "--lr",
+            str(cfg.lr),
+            "--quiet",
+        ],
         out / "logs" / "learner.log",
     )
     procs = [learner]
@@ -139,12 +166,23 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
             url = wait_for_learner(learner, out, out / "logs" / "learner.log")["url"]
         ncpu = os.cpu_count() or 1
         for i in range(cfg.workers):
-            procs.append(spawn(
-                ["worker", "--join", url, "--name", f"w{i}", "--work-dir", str(out / "workers" / f"w{i}"),
-                 "--bt-listen", "127.0.0.1:0"],
-                out / "logs" / f"worker{i}.log",
-                env={"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu)},
-            ))
+            procs.append(
+                spawn(
+                    [
+                        "worker",
+                        "--join",
+                        url,
+                        "--name",
+                        f"w{i}",
+                        "--work-dir",
+                        str(out / "workers" / f"w{i}"),
+                        "--bt-listen",
+                        "127.0.0.1:0",
+                    ],
+                    out / "logs" / f"worker{i}.log",
+                    env={"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu)},
+                )
+            )
         client = LearnerClient(url, unreachable_s=5)
         with Live(live_view(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
             while learner.poll() is None:

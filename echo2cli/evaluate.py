@@ -38,8 +38,10 @@ def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Pat
     versions = run / VERSIONS_DIR
     weights = weights_path(versions, version)
     if not weights.is_file():
-        raise ConfigError(f"version {version} is not in {versions} (kept: {kept_versions(versions) or 'none'}; the "
-                          f"learner keeps the newest S+1): evaluate a checkpoint with --run alone")
+        raise ConfigError(
+            f"version {version} is not in {versions} (kept: {kept_versions(versions) or 'none'}; the "
+            f"learner keeps the newest S+1): evaluate a checkpoint with --run alone"
+        )
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
         yield model_dir_with_weights(mdir, checkpoint, weights)

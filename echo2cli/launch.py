@@ -20,12 +20,18 @@ from echo2cli.errors import Echo2Error
 from echo2cli.layout import LEARNER_FILE
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None,
-          prefix: list[str] | None = None) -> subprocess.Popen:
+def spawn(
+    args: list[str], log: Path, env: dict[str, str] | None = None, prefix: list[str] | None = None
+) -> subprocess.Popen:
     """`echo2 <args>` as a process writing to `log` (appended). `prefix`: e.g. `ip netns exec NS`."""
     with open(log, "a") as out:  # the child keeps its own handle
-        return subprocess.Popen([*(prefix or []), sys.executable, "-m", "echo2cli", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+        return subprocess.Popen(
+            [*(prefix or []), sys.executable, "-m", "echo2cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
 
 def announce_learner(out: Path, info: dict[str, Any]) -> None:

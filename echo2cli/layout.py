@@ -1,16 +1,16 @@
 """Names on disk that the learner, the workers, `echo2 eval` and the tests agree on.
 
-    <out>/                                    a learner run (`echo2 learner --out`)
-        learner.json                          written once the API serves: url, run id, pid
-        config.json  metrics.jsonl  mismatch.jsonl  decisions.jsonl  summary.json
-        versions/v000007/model.safetensors    version 7 in bf16: its torrent's one file
-        versions/v000007.delta/model.delta    version 7 as a delta against version 6
-        checkpoints/step_000010/              learner/checkpoint.py
-        eval/v000010.json                     `--eval-every` results
-    <work_dir>/                               a worker
-        engine/                               config and tokenizer files; model.safetensors -> the loaded version
-        versions/                             as above: the versions it fetches and seeds
-        events.jsonl                          every version it loaded
+<out>/                                    a learner run (`echo2 learner --out`)
+    learner.json                          written once the API serves: url, run id, pid
+    config.json  metrics.jsonl  mismatch.jsonl  decisions.jsonl  summary.json
+    versions/v000007/model.safetensors    version 7 in bf16: its torrent's one file
+    versions/v000007.delta/model.delta    version 7 as a delta against version 6
+    checkpoints/step_000010/              learner/checkpoint.py
+    eval/v000010.json                     `--eval-every` results
+<work_dir>/                               a worker
+    engine/                               config and tokenizer files; model.safetensors -> the loaded version
+    versions/                             as above: the versions it fetches and seeds
+    events.jsonl                          every version it loaded
 """
 
 from __future__ import annotations

@@ -74,8 +74,10 @@ def kappa_problem(kappa: int, staleness: int) -> str | None:
     a version must stay admissible while the next one spreads (the learner config and the planner both check)."""
     if kappa <= max(1, staleness - 1):
         return None
-    return (f"kappa={kappa} needs staleness S >= kappa + 1 (got S={staleness}): a version published every "
-            "kappa steps must stay admissible while the next one spreads")
+    return (
+        f"kappa={kappa} needs staleness S >= kappa + 1 (got S={staleness}): a version published every "
+        "kappa steps must stay admissible while the next one spreads"
+    )
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,7 @@ def step_time(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     mu = sum(w.rollouts_per_s for w in pool)
     if mu <= 0:
         return math.inf
-    return max(inp.t_train_s, inp.batch / mu,
-               (inp.t_train_s + inp.t_bcast_s + batch_time(inp, pool)) / (inp.s_eff + 1))
+    return max(inp.t_train_s, inp.batch / mu, (inp.t_train_s + inp.t_bcast_s + batch_time(inp, pool)) / (inp.s_eff + 1))
 
 
 def bubble_ratio(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
@@ -278,16 +279,27 @@ def outcome(inp: PlanInputs, active: list[WorkerSpec]) -> Outcome:
     leased = working(inp, active)
     p = step_time(inp, leased)
     usd = (inp.learner_usd_per_hour + sum(w.usd_per_hour for w in active)) * p / 3600.0
-    return Outcome([w.name for w in active], sum(w.rollouts_per_s for w in leased), p, 1.0 - inp.t_train_s / p,
-                   usd, usd / inp.batch * 1000.0)
+    return Outcome(
+        [w.name for w in active],
+        sum(w.rollouts_per_s for w in leased),
+        p,
+        1.0 - inp.t_train_s / p,
+        usd,
+        usd / inp.batch * 1000.0,
+    )
 
 
 def _expected(outcomes: list[Outcome], label: str) -> Outcome:
     n = len(outcomes)
     mean = lambda xs: sum(xs) / n  # noqa: E731
-    return Outcome([label], mean([o.mu_pool for o in outcomes]), mean([o.step_time_s for o in outcomes]),
-                   mean([o.bubble_ratio for o in outcomes]), mean([o.usd_per_step for o in outcomes]),
-                   mean([o.usd_per_1k_rollouts for o in outcomes]))
+    return Outcome(
+        [label],
+        mean([o.mu_pool for o in outcomes]),
+        mean([o.step_time_s for o in outcomes]),
+        mean([o.bubble_ratio for o in outcomes]),
+        mean([o.usd_per_step for o in outcomes]),
+        mean([o.usd_per_1k_rollouts for o in outcomes]),
+    )
 
 
 def plan(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule = "echo2", seed: int = 0) -> PlanResult:
@@ -311,8 +323,9 @@ def plan(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule = "echo2", seed: in
     if inp.learner_rollouts_per_s:
         p = inp.t_train_s + inp.batch / inp.learner_rollouts_per_s  # generate, then train: nothing overlaps
         usd = inp.learner_usd_per_hour * p / 3600.0
-        baselines["centralized"] = Outcome(["learner"], inp.learner_rollouts_per_s, p, 1.0 - inp.t_train_s / p,
-                                           usd, usd / inp.batch * 1000.0)
+        baselines["centralized"] = Outcome(
+            ["learner"], inp.learner_rollouts_per_s, p, 1.0 - inp.t_train_s / p, usd, usd / inp.batch * 1000.0
+        )
     meets = headroom(inp, chosen, rule) >= inp.gamma * (1 - 1e-9)
     if not meets:
         notes.append("these workers do not reach gamma*mu_min: all that help are active and the learner will wait")
@@ -320,9 +333,17 @@ def plan(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule = "echo2", seed: in
         notes.append("the paper's rule is infeasible (kappa*T_train <= T_bcast); echo2's rule is not")
     target = inp.gamma * (paper if rule == "paper" and paper is not None else mu_min_echo2(inp, chosen))
     return PlanResult(
-        inputs=asdict(inp), rule=rule, mu_min=paper, mu_min_echo2=mu_min_echo2(inp, chosen),
+        inputs=asdict(inp),
+        rule=rule,
+        mu_min=paper,
+        mu_min_echo2=mu_min_echo2(inp, chosen),
         mu_rate_bound=inp.batch / inp.t_train_s,
         batch_work_rollouts=batch_time(inp, chosen) * sum(w.rollouts_per_s for w in chosen),
-        target_mu=target, paper_feasible=paper is not None, recommended=outcome(inp, chosen),
-        standby=[w.name for w in pool if w not in chosen], meets_target=meets, baselines=baselines, notes=notes,
+        target_mu=target,
+        paper_feasible=paper is not None,
+        recommended=outcome(inp, chosen),
+        standby=[w.name for w in pool if w not in chosen],
+        meets_target=meets,
+        baselines=baselines,
+        notes=notes,
     )

@@ -80,8 +80,13 @@ def from_run(run_dir: Path) -> dict[str, Any]:
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     # v0's T_bcast includes the workers' engine start: steady state begins at v1
     # T_ready (publish -> downloaded + swap work) is the model's T_bcast; older runs only have bcast/t_s
-    per_version = summary.get("bcast_ready_s") or summary.get("bcast_s") or {
-        r["bcast/version"]: r.get("bcast/t_ready_s", r["bcast/t_s"]) for r in rows if r.get("bcast/t_s") is not None}
+    per_version = (
+        summary.get("bcast_ready_s")
+        or summary.get("bcast_s")
+        or {
+            r["bcast/version"]: r.get("bcast/t_ready_s", r["bcast/t_s"]) for r in rows if r.get("bcast/t_s") is not None
+        }
+    )
     bcast = [t for v, t in per_version.items() if int(v) > 0]
     if not bcast:
         raise ConfigError(f"{run_dir}: no version's T_bcast was measured")
@@ -126,10 +131,22 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
         scaled = [WorkerSpec(w.name, w.usd_per_hour, w.rollouts_per_s * s, w.lease_rollouts) for w in pool]
         xs.append(mu0 * s)
         predicted.append(bubble_ratio(inp, scaled))
-        sim_pool = [SimWorker(w.rollouts_per_s, max(1, round(min(w.lease_rollouts or inp.lease_rollouts, inp.batch))),
-                              inp.t_bcast_s) for w in scaled]
-        simulated.append(simulate(batch_prompts=max(1, round(inp.batch)), group_size=1, t_train_s=inp.t_train_s,
-                                  staleness=inp.staleness, kappa=inp.kappa, workers=sim_pool).bubble_ratio)
+        sim_pool = [
+            SimWorker(
+                w.rollouts_per_s, max(1, round(min(w.lease_rollouts or inp.lease_rollouts, inp.batch))), inp.t_bcast_s
+            )
+            for w in scaled
+        ]
+        simulated.append(
+            simulate(
+                batch_prompts=max(1, round(inp.batch)),
+                group_size=1,
+                t_train_s=inp.t_train_s,
+                staleness=inp.staleness,
+                kappa=inp.kappa,
+                workers=sim_pool,
+            ).bubble_ratio
+        )
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(xs, predicted, label="closed form (echo2)", color="tab:blue")
     ax.plot(xs, simulated, "o", ms=3, label="discrete-event simulation", color="tab:orange")
@@ -146,8 +163,11 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
     ax.axvline(chosen, color="tab:green", label=f"recommended set ({chosen:.2f})")
     ax.set_xlabel("pool throughput mu_pool (rollouts/s), pool shape fixed")
     ax.set_ylabel("learner bubble ratio")
-    ax.set_title(f"B={inp.batch:g}, T_train={inp.t_train_s:g} s, T_bcast={inp.t_bcast_s:g} s, S={inp.staleness}, "
-                 f"kappa={inp.kappa}", fontsize=9)
+    ax.set_title(
+        f"B={inp.batch:g}, T_train={inp.t_train_s:g} s, T_bcast={inp.t_bcast_s:g} s, S={inp.staleness}, "
+        f"kappa={inp.kappa}",
+        fontsize=9,
+    )
     ax.set_ylim(-0.02, 1)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -45,15 +45,17 @@ class PolicyInfo(_Msg):
 
     version: int = Field(ge=0, description="optimizer steps applied to the initial model")
     info_hash: Hex40 = Field(description="hex v1 info-hash of the version's torrent")
-    torrent_b64: str = Field(max_length=MAX_TORRENT_B64,
-                             description="the .torrent file, base64; its tracker is the learner's /announce")
+    torrent_b64: str = Field(
+        max_length=MAX_TORRENT_B64, description="the .torrent file, base64; its tracker is the learner's /announce"
+    )
     sha256: Hex64 = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
     size_bytes: int = Field(ge=0, le=MAX_VERSION_BYTES)
     published_at: float = Field(description="learner wall clock (s since epoch) when seeding began")
     delta_base: int | None = Field(default=None, ge=0, description="version the delta applies to (None: no delta)")
     delta_info_hash: Hex40 | None = None
-    delta_torrent_b64: str | None = Field(default=None, max_length=MAX_TORRENT_B64,
-                                          description="torrent of model.delta (see broadcast/delta)")
+    delta_torrent_b64: str | None = Field(
+        default=None, max_length=MAX_TORRENT_B64, description="torrent of model.delta (see broadcast/delta)"
+    )
     delta_size_bytes: int = Field(default=0, ge=0, le=MAX_VERSION_BYTES)
     slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
     slots: int = Field(default=1, ge=1, description="... out of this many shares (workers fetching now)")
@@ -62,10 +64,17 @@ class PolicyInfo(_Msg):
 class JoinRequest(_Msg):
     name: str = Field(max_length=128, description="human-readable worker name")
     usd_per_hour: float = Field(default=0.0, ge=0.0, description="price of this worker, for cost reports")
-    echo2_version: str = Field(default="", max_length=32, description="the worker's echo2 version; "
-                               "the learner refuses another major.minor (409)")
-    max_model_len: int | None = Field(default=None, ge=2, le=1 << 24, description="the worker's engine context "
-                                      "(prompt + completion tokens): longer prompts are never leased to it")
+    echo2_version: str = Field(
+        default="",
+        max_length=32,
+        description="the worker's echo2 version; the learner refuses another major.minor (409)",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=2,
+        le=1 << 24,
+        description="the worker's engine context (prompt + completion tokens): longer prompts are never leased to it",
+    )
 
 
 def compatible(a: str, b: str) -> bool:
@@ -76,18 +85,21 @@ def compatible(a: str, b: str) -> bool:
 class JoinResponse(_Msg):
     worker_id: str = Field(max_length=64)
     session_token: Token = Field(description="this worker's own Bearer token for every later call")
-    tracker_key: str = Field(pattern=r"^[0-9A-Za-z_-]{1,128}$",
-                             description="this worker's key for the tracker: announce to /announce/{key}")
+    tracker_key: str = Field(
+        pattern=r"^[0-9A-Za-z_-]{1,128}$", description="this worker's key for the tracker: announce to /announce/{key}"
+    )
     run_id: str = Field(max_length=64)
     task: str = Field(max_length=256)
     group_size: int = Field(ge=1, le=1024, description="G: samples per prompt")
     max_new_tokens: int = Field(ge=1, le=MAX_COMPLETION_TOKENS)
     temperature: float = Field(gt=0.0, le=100.0)
-    staleness: int = Field(ge=0, le=1000,
-                           description="S: a rollout of version x is usable by learner step t iff t - x <= S")
+    staleness: int = Field(
+        ge=0, le=1000, description="S: a rollout of version x is usable by learner step t iff t - x <= S"
+    )
     heartbeat_s: float = Field(gt=0.0, le=3600.0)
-    model_files: list[str] = Field(max_length=len(MODEL_FILES),
-                                   description="config/tokenizer files to fetch once from /v1/model/files/{name}")
+    model_files: list[str] = Field(
+        max_length=len(MODEL_FILES), description="config/tokenizer files to fetch once from /v1/model/files/{name}"
+    )
     policy: PolicyInfo
 
     @field_validator("model_files")
@@ -108,8 +120,9 @@ class LeaseRequest(_Msg):
 
 class PromptItem(_Msg):
     prompt_id: int
-    prompt_token_ids: list[int] = Field(max_length=MAX_PROMPT_TOKENS,
-                                        description="chat-templated prompt, tokenized by the learner")
+    prompt_token_ids: list[int] = Field(
+        max_length=MAX_PROMPT_TOKENS, description="chat-templated prompt, tokenized by the learner"
+    )
 
 
 class Lease(_Msg):
@@ -139,9 +152,12 @@ class RolloutBatch(_Msg):
     lease_id: str
     version: int = Field(ge=0, description="policy version that generated every sample in the batch")
     samples: list[Sample] = Field(max_length=65536)
-    unservable: list[int] = Field(default_factory=list, max_length=256,
-                                  description="leased prompts the worker's engine cannot take (longer than its "
-                                  "context): leased again to another worker")
+    unservable: list[int] = Field(
+        default_factory=list,
+        max_length=256,
+        description="leased prompts the worker's engine cannot take (longer than its "
+        "context): leased again to another worker",
+    )
     gen_s: float = Field(default=0.0, ge=0.0, description="wall time the engine spent generating the batch")
 
 
@@ -165,10 +181,15 @@ class Heartbeat(_Msg):
     download_progress: float = Field(default=0.0, ge=0.0, le=1.0)
     tokens_per_s: float = Field(default=0.0, ge=0.0)
     upload_bytes: int = Field(default=0, ge=0, description="bytes this worker has uploaded to the swarm")
-    ready_version: int = Field(default=-1, ge=-1, description="a version fully downloaded (pieces verified), "
-                               "waiting for the lease in progress to end before it is loaded")
-    swap_s: float = Field(default=0.0, ge=0.0, description="the last swap's work: hash check or delta rebuild, "
-                          "plus the engine reload")
+    ready_version: int = Field(
+        default=-1,
+        ge=-1,
+        description="a version fully downloaded (pieces verified), "
+        "waiting for the lease in progress to end before it is loaded",
+    )
+    swap_s: float = Field(
+        default=0.0, ge=0.0, description="the last swap's work: hash check or delta rebuild, plus the engine reload"
+    )
 
 
 class HeartbeatReply(_Msg):

@@ -190,8 +190,15 @@ def simulated_knee(
 
     def bubble(mu_pool: float) -> float:
         pool = [SimWorker(mu_pool / n_workers, lease_prompts, t_bcast_s)] * n_workers
-        return simulate(batch_prompts=batch_prompts, group_size=group_size, t_train_s=t_train_s,
-                        staleness=staleness, kappa=kappa, workers=pool, steps=steps).bubble_ratio
+        return simulate(
+            batch_prompts=batch_prompts,
+            group_size=group_size,
+            t_train_s=t_train_s,
+            staleness=staleness,
+            kappa=kappa,
+            workers=pool,
+            steps=steps,
+        ).bubble_ratio
 
     floor = bubble(hi)
     for _ in range(60):

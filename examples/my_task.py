@@ -27,9 +27,38 @@ from collections.abc import Iterator
 
 from echo2cli.tasks import Problem, Score, Split, chat
 
-WORDS = ("apple", "river", "stone", "cloud", "tiger", "piano", "lemon", "candle", "garden", "rocket", "silver",
-         "window", "pencil", "orange", "bridge", "forest", "dragon", "planet", "mirror", "castle", "hat", "sun",
-         "book", "tree", "fish", "bird", "moon", "star", "lamp", "door")
+WORDS = (
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "piano",
+    "lemon",
+    "candle",
+    "garden",
+    "rocket",
+    "silver",
+    "window",
+    "pencil",
+    "orange",
+    "bridge",
+    "forest",
+    "dragon",
+    "planet",
+    "mirror",
+    "castle",
+    "hat",
+    "sun",
+    "book",
+    "tree",
+    "fish",
+    "bird",
+    "moon",
+    "star",
+    "lamp",
+    "door",
+)
 
 
 class ReverseWordTask:
@@ -55,8 +84,11 @@ class ReverseWordTask:
 
     @staticmethod
     def _problem(word: str) -> Problem:
-        return Problem(id=f"reverse-{word}", messages=chat(f"Spell the word '{word}' backwards. Reply with one word."),
-                       answer=word[::-1])
+        return Problem(
+            id=f"reverse-{word}",
+            messages=chat(f"Spell the word '{word}' backwards. Reply with one word."),
+            answer=word[::-1],
+        )
 
     def score(self, problem: Problem, completion: str) -> Score:
         words = completion.strip().strip(".'\"").split()

@@ -27,21 +27,41 @@ from echo2cli.tasks.arithmetic import ArithmeticTask
 
 
 def app(guarded: bool):
-    coord = Coordinator(ArithmeticTask(), encode_prompt=lambda m: [1, 2, 3], decode=lambda ids: "0", group_size=8,
-                        staleness=2, prompts_per_step=8, max_new_tokens=16, vocab_size=50000, lease_timeout_s=60,
-                        heartbeat_s=2, seed=0)
-    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
-    api = build_app(coord, run_id="r", join_info={}, model_dir=Path("."), model_files=[],
-                    token="s3cret", status_extra=dict, target_steps=1)
+    coord = Coordinator(
+        ArithmeticTask(),
+        encode_prompt=lambda m: [1, 2, 3],
+        decode=lambda ids: "0",
+        group_size=8,
+        staleness=2,
+        prompts_per_step=8,
+        max_new_tokens=16,
+        vocab_size=50000,
+        lease_timeout_s=60,
+        heartbeat_s=2,
+        seed=0,
+    )
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
+    api = build_app(
+        coord,
+        run_id="r",
+        join_info={},
+        model_dir=Path("."),
+        model_files=[],
+        token="s3cret",
+        status_extra=dict,
+        target_steps=1,
+    )
     if not guarded:
         api.user_middleware.clear()  # the stack is built on the first request: this is the app without the guard
     return api
 
 
 def body_of(mb: float) -> bytes:
-    sample = json.dumps({"prompt_id": 0, "sample_idx": 0, "completion_token_ids": list(range(4096)),
-                         "logprobs": [-0.5] * 4096}).encode()
+    sample = json.dumps(
+        {"prompt_id": 0, "sample_idx": 0, "completion_token_ids": list(range(4096)), "logprobs": [-0.5] * 4096}
+    ).encode()
     n = max(1, int(mb * 1e6) // (len(sample) + 1))
     return b'{"worker_id": "w", "lease_id": "l", "version": 0, "samples": [' + b",".join([sample] * n) + b"]}"
 
@@ -53,8 +73,10 @@ def rss_peak_mb() -> float:
 def refuse_time(port: int, body: bytes) -> tuple[float, int]:
     """Seconds from the first byte sent to the status line received, and the status."""
     sock = socket.create_connection(("127.0.0.1", port))
-    head = (f"POST /v1/rollouts HTTP/1.1\r\nHost: learner\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/rollouts HTTP/1.1\r\nHost: learner\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
 
     def send() -> None:
         try:
@@ -79,8 +101,11 @@ def main() -> None:
     args = parser.parse_args()
     body = body_of(args.mb)
     rows = {}
-    for name, guarded, payload in [("empty body (baseline)", True, b""), ("guarded", True, body),
-                                   ("unguarded (old)", False, body)]:
+    for name, guarded, payload in [
+        ("empty body (baseline)", True, b""),
+        ("guarded", True, body),
+        ("unguarded (old)", False, body),
+    ]:
         sock = bind_socket("127.0.0.1", 0)
         server, thread = serve_in_thread(app(guarded), sock)
         before = rss_peak_mb()
@@ -88,11 +113,15 @@ def main() -> None:
         rows[name] = {"seconds": seconds, "status": status, "peak_rss_growth_mb": rss_peak_mb() - before}
         server.should_exit = True
         thread.join(timeout=10)
-        print(f"{name:24s} HTTP {status}  {seconds:7.3f} s  peak RSS +{rows[name]['peak_rss_growth_mb']:.0f} MB",
-              flush=True)
+        print(
+            f"{name:24s} HTTP {status}  {seconds:7.3f} s  peak RSS +{rows[name]['peak_rss_growth_mb']:.0f} MB",
+            flush=True,
+        )
     base, guarded, old = rows["empty body (baseline)"], rows["guarded"], rows["unguarded (old)"]
-    print(f"body {len(body) / 1e6:.0f} MB; guarded / baseline time: {guarded['seconds'] / base['seconds']:.2f}x; "
-          f"unguarded / guarded time: {old['seconds'] / guarded['seconds']:.0f}x")
+    print(
+        f"body {len(body) / 1e6:.0f} MB; guarded / baseline time: {guarded['seconds'] / base['seconds']:.2f}x; "
+        f"unguarded / guarded time: {old['seconds'] / guarded['seconds']:.0f}x"
+    )
     print(json.dumps({"body_mb": len(body) / 1e6, **rows}))
 
 

@@ -36,9 +36,17 @@ def make_trainer(model_dir: Path) -> Trainer:
 def coordinator_state(steps: int = 1000, batch: int = 64) -> dict:
     """The shape of a long run's coordinator state: every trained prompt id is kept."""
     n = steps * batch
-    return {"version": steps, "problems_drawn": n + 2 * batch, "pending": list(range(n, n + batch)),
-            "leased_out": [], "done": list(range(n + batch)), "trained": list(range(n)), "ready": [],
-            "ledger": {"leased": n + 2 * batch}, "counters": {}}
+    return {
+        "version": steps,
+        "problems_drawn": n + 2 * batch,
+        "pending": list(range(n, n + batch)),
+        "leased_out": [],
+        "done": list(range(n + batch)),
+        "trained": list(range(n)),
+        "ready": [],
+        "ledger": {"leased": n + 2 * batch},
+        "counters": {},
+    }
 
 
 def raw_write(path: Path, nbytes: int) -> float:

@@ -40,8 +40,15 @@ def child(variant: str) -> None:
     model = prepare_default_model()
     dtype = compute_dtype(has_cuda()) if settings["dtype"] == "auto" else settings["dtype"]
     t0 = time.perf_counter()
-    llm = LLM(model=str(model), dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=1 << 30,
-              enforce_eager=settings["enforce_eager"], block_size=settings["block_size"], seed=0)
+    llm = LLM(
+        model=str(model),
+        dtype=dtype,
+        max_model_len=1024,
+        kv_cache_memory_bytes=1 << 30,
+        enforce_eager=settings["enforce_eager"],
+        block_size=settings["block_size"],
+        seed=0,
+    )
     start_s = time.perf_counter() - t0
     tok = AutoTokenizer.from_pretrained(model)
     from vllm.inputs import TokensPrompt
@@ -49,8 +56,10 @@ def child(variant: str) -> None:
     params = SamplingParams(n=8, temperature=1.0, max_tokens=16, logprobs=0, seed=0)
     rates = []
     for batch in range(3):  # new prompts each batch, as in training: nothing cached from the one before
-        prompts = [encode_chat(tok, chat(f"Compute {a} + {a + 3}. Reply with only the number."))
-                   for a in range(4 * batch, 4 * batch + 4)]
+        prompts = [
+            encode_chat(tok, chat(f"Compute {a} + {a + 3}. Reply with only the number."))
+            for a in range(4 * batch, 4 * batch + 4)
+        ]
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         n = sum(len(c.token_ids) for o in outs for c in o.outputs)
@@ -58,8 +67,19 @@ def child(variant: str) -> None:
     t0 = time.perf_counter()
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model)})
     reload_s = time.perf_counter() - t0
-    print("RESULT " + json.dumps({"variant": variant, "dtype": dtype, "start_s": start_s,
-                                   "tokens_per_s": statistics.median(rates), "reload_s": reload_s}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "variant": variant,
+                "dtype": dtype,
+                "start_s": start_s,
+                "tokens_per_s": statistics.median(rates),
+                "reload_s": reload_s,
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_variant(variant: str) -> dict:
@@ -81,10 +101,14 @@ def main() -> None:
         return
     ours, base = run_variant("echo2"), run_variant(args.baseline)
     for r in (ours, base):
-        print(f"{r['variant']:9s} dtype {r['dtype']:9s} start {r['start_s']:6.1f} s  "
-              f"{r['tokens_per_s']:6.1f} tok/s  reload {r['reload_s']:.2f} s")
-    print(f"start-up ratio echo2/{args.baseline}: {ours['start_s'] / base['start_s']:.2f}x; "
-          f"tokens/s ratio: {ours['tokens_per_s'] / base['tokens_per_s']:.2f}x")
+        print(
+            f"{r['variant']:9s} dtype {r['dtype']:9s} start {r['start_s']:6.1f} s  "
+            f"{r['tokens_per_s']:6.1f} tok/s  reload {r['reload_s']:.2f} s"
+        )
+    print(
+        f"start-up ratio echo2/{args.baseline}: {ours['start_s'] / base['start_s']:.2f}x; "
+        f"tokens/s ratio: {ours['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

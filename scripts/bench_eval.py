@@ -39,8 +39,10 @@ def math_problem(rng: random.Random) -> tuple[str, str]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if kind == 0:
         a, b, c = rng.randint(5, 40), rng.randint(2, 30), rng.randint(1, 5)
-        return (f"{name} has {a} {item}, gets {b} more and gives away {c}. How many {item} are left?",
-                f"#### {a + b - c}")
+        return (
+            f"{name} has {a} {item}, gets {b} more and gives away {c}. How many {item} are left?",
+            f"#### {a + b - c}",
+        )
     if kind == 1:
         a, b = rng.randint(3, 15), rng.randint(2, 12)
         return f"A box holds {a} {item}. How many {item} are in {b} boxes?", f"#### {a * b}"
@@ -72,8 +74,20 @@ def math_file(path: Path, n_eval: int, seed: int = 0) -> Path:
 
 
 def run_eval(task: str, limit: int, out: Path, extra: list[str], env: dict[str, str]) -> dict:
-    cmd = [sys.executable, "-m", "echo2cli", "eval", "--task", task, "--limit", str(limit), "--json",
-           "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "echo2cli",
+        "eval",
+        "--task",
+        task,
+        "--limit",
+        str(limit),
+        "--json",
+        "--out",
+        str(out),
+        *extra,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -96,23 +110,29 @@ def main() -> None:
     for task in args.tasks.split(","):
         extra = ["--option", f"path={math_file(tmp / 'math.jsonl', args.limit)}"] if task == "math" else []
         extra += ["--k", str(args.k)] if args.k is not None else []
-        variants = [("echo2", {})] + ([("vllm-default-binding", {"VLLM_CPU_OMP_THREADS_BIND": "auto"})]
-                                      if args.baseline else [])
+        variants = [("echo2", {})] + (
+            [("vllm-default-binding", {"VLLM_CPU_OMP_THREADS_BIND": "auto"})] if args.baseline else []
+        )
         for label, env_extra in variants:
             env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"} | env_extra
             r = run_eval(task, args.limit, tmp / f"{task}-{label}.json", extra, env) | {"variant": label}
             results.append(r)
-            print(f"{task:<11} {label:<21} {r['problems']:>4} problems  wall {r['wall_s']:6.1f} s "
-                  f"(engine {r['t_engine_s']:5.1f} s, generate+score {r['t_eval_s']:6.1f} s)  "
-                  f"greedy acc {r['greedy_accuracy']:.3f}  pass@{r['k']} {r['pass_at_k']:.3f}  "
-                  f"max_new_tokens {r['max_new_tokens']}  wall/goal {r['wall_s'] / GOAL_S:.2f}x", flush=True)
+            print(
+                f"{task:<11} {label:<21} {r['problems']:>4} problems  wall {r['wall_s']:6.1f} s "
+                f"(engine {r['t_engine_s']:5.1f} s, generate+score {r['t_eval_s']:6.1f} s)  "
+                f"greedy acc {r['greedy_accuracy']:.3f}  pass@{r['k']} {r['pass_at_k']:.3f}  "
+                f"max_new_tokens {r['max_new_tokens']}  wall/goal {r['wall_s'] / GOAL_S:.2f}x",
+                flush=True,
+            )
         if args.baseline:
             ours, base = results[-2], results[-1]
-            print(f"{task:<11} speed-up over vLLM's default binding: {base['wall_s'] / ours['wall_s']:.2f}x wall, "
-                  f"{base['t_eval_s'] / ours['t_eval_s']:.2f}x generate+score", flush=True)
+            print(
+                f"{task:<11} speed-up over vLLM's default binding: {base['wall_s'] / ours['wall_s']:.2f}x wall, "
+                f"{base['t_eval_s'] / ours['t_eval_s']:.2f}x generate+score",
+                flush=True,
+            )
     if args.json:
-        args.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "examples"} for r in results],
-                                        indent=2))
+        args.json.write_text(json.dumps([{k: v for k, v in r.items() if k != "examples"} for r in results], indent=2))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,12 @@ def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Gr
     for p in range(prompts):
         prompt = torch.randint(100, 40000, (44,), generator=gen).tolist()
         samples = [
-            Sample(prompt_id=p, sample_idx=i, completion_token_ids=torch.randint(100, 40000, (completion,),
-                   generator=gen).tolist(), logprobs=[-1.0] * completion)
+            Sample(
+                prompt_id=p,
+                sample_idx=i,
+                completion_token_ids=torch.randint(100, 40000, (completion,), generator=gen).tolist(),
+                logprobs=[-1.0] * completion,
+            )
             for i in range(g)
         ]
         rewards = [float(i % 2) for i in range(g)]
@@ -50,8 +54,9 @@ def main() -> None:
     ap.add_argument("--completion-tokens", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    trainer = Trainer(prepare_default_model(), lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0,
-                      max_grad_norm=1.0, micro_batch=16)
+    trainer = Trainer(
+        prepare_default_model(), lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=16
+    )
     groups = make_groups(args.prompts, args.group_size, args.completion_tokens)
     trainer.step(groups)  # warm-up
     times: dict[str, list[float]] = {"completion-only projection": [], "full projection (baseline)": []}
@@ -66,8 +71,10 @@ def main() -> None:
     Trainer._token_logp = original
     med = {k: statistics.median(v) for k, v in times.items()}
     n = args.prompts * args.group_size
-    print(f"batch: {n} sequences x (44 prompt + {args.completion_tokens} completion) tokens, "
-          f"torch threads {torch.get_num_threads()}, autocast bf16 {trainer.autocast}")
+    print(
+        f"batch: {n} sequences x (44 prompt + {args.completion_tokens} completion) tokens, "
+        f"torch threads {torch.get_num_threads()}, autocast bf16 {trainer.autocast}"
+    )
     for k, v in med.items():
         print(f"  {k:30s} T_train median {v:6.2f} s  ({times[k]})")
     print(f"  speed-up vs baseline: {med['full projection (baseline)'] / med['completion-only projection']:.2f}x")

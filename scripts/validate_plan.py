@@ -29,17 +29,59 @@ from echo2cli.plan_io import from_run
 def one_run(out: Path, n: int, a: argparse.Namespace) -> dict:
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
-    learner = spawn(["learner", "--out", str(out), "--steps", str(a.steps), "--prompts-per-step", str(a.prompts),
-                     "-G", str(a.group_size), "--max-new-tokens", "16", "-S", str(a.staleness), "--port", str(port),
-                     "--bt-listen", "127.0.0.1:0", "--checkpoint-every", "0", "--activation", a.activation,
-                     "--quiet"], out / "learner.log")
+    learner = spawn(
+        [
+            "learner",
+            "--out",
+            str(out),
+            "--steps",
+            str(a.steps),
+            "--prompts-per-step",
+            str(a.prompts),
+            "-G",
+            str(a.group_size),
+            "--max-new-tokens",
+            "16",
+            "-S",
+            str(a.staleness),
+            "--port",
+            str(port),
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--checkpoint-every",
+            "0",
+            "--activation",
+            a.activation,
+            "--quiet",
+        ],
+        out / "learner.log",
+    )
     wait_for_learner(learner, out, out / "learner.log")
     prices = [float(p) for p in a.prices.split(",")] if a.prices else [0.0] * n
-    workers = [spawn(["worker", "--join", f"http://127.0.0.1:{port}", "--name", f"w{i}", "--work-dir",
-                      str(out / f"w{i}"), "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", str(a.lease_prompts),
-                      "--max-rollouts-per-s", str(a.rate), "--usd-per-hour", str(prices[i % len(prices)])],
-                     out / f"w{i}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
-               for i in range(n)]
+    workers = [
+        spawn(
+            [
+                "worker",
+                "--join",
+                f"http://127.0.0.1:{port}",
+                "--name",
+                f"w{i}",
+                "--work-dir",
+                str(out / f"w{i}"),
+                "--bt-listen",
+                "127.0.0.1:0",
+                "--prompts-per-lease",
+                str(a.lease_prompts),
+                "--max-rollouts-per-s",
+                str(a.rate),
+                "--usd-per-hour",
+                str(prices[i % len(prices)]),
+            ],
+            out / f"w{i}.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))},
+        )
+        for i in range(n)
+    ]
     try:
         learner.wait(timeout=3600)
     finally:
@@ -54,13 +96,28 @@ def one_run(out: Path, n: int, a: argparse.Namespace) -> dict:
         decisions = [json.loads(x) for x in (out / "decisions.jsonl").read_text().splitlines()]
         active = set(decisions[-1]["active"])
         pool = [w for w in pool if w.name in active]
-    inp = PlanInputs(batch=run["batch"], t_train_s=run["t_train_s"], t_bcast_s=run["t_bcast_s"],
-                     staleness=run["staleness"], kappa=run["kappa"], lease_rollouts=a.lease_prompts * a.group_size)
+    inp = PlanInputs(
+        batch=run["batch"],
+        t_train_s=run["t_train_s"],
+        t_bcast_s=run["t_bcast_s"],
+        staleness=run["staleness"],
+        kappa=run["kappa"],
+        lease_rollouts=a.lease_prompts * a.group_size,
+    )
     mu = sum(w.rollouts_per_s for w in pool)
     need = mu_min_echo2(inp, pool)
-    return {"workers": n, "active": len(pool), "mu_pool": mu, "mu_min_echo2": need, "gamma_reached": mu >= 1.1 * need,
-            "t_train_s": run["t_train_s"], "t_bcast_s": run["t_bcast_s"], "measured_bubble": run["measured_bubble"],
-            "predicted_bubble": bubble_ratio(inp, pool), "steps": run["steps"]}
+    return {
+        "workers": n,
+        "active": len(pool),
+        "mu_pool": mu,
+        "mu_min_echo2": need,
+        "gamma_reached": mu >= 1.1 * need,
+        "t_train_s": run["t_train_s"],
+        "t_bcast_s": run["t_bcast_s"],
+        "measured_bubble": run["measured_bubble"],
+        "predicted_bubble": bubble_ratio(inp, pool),
+        "steps": run["steps"],
+    }
 
 
 def main() -> None:
@@ -88,10 +145,13 @@ def main() -> None:
         row["wall_s"] = time.time() - t0
         rows.append(row)
         diff_pp = 100 * (row["predicted_bubble"] - row["measured_bubble"])
-        print(f"N={n} (active {row['active']}): mu_pool {row['mu_pool']:.2f} vs mu_min_echo2 {row['mu_min_echo2']:.2f} "
-              f"(gamma reached: {row['gamma_reached']}), T_train {row['t_train_s']:.1f} s, T_bcast "
-              f"{row['t_bcast_s']:.1f} s; bubble measured {row['measured_bubble']:.3f} predicted "
-              f"{row['predicted_bubble']:.3f} (diff {diff_pp:+.1f} pp)", flush=True)
+        print(
+            f"N={n} (active {row['active']}): mu_pool {row['mu_pool']:.2f} vs mu_min_echo2 {row['mu_min_echo2']:.2f} "
+            f"(gamma reached: {row['gamma_reached']}), T_train {row['t_train_s']:.1f} s, T_bcast "
+            f"{row['t_bcast_s']:.1f} s; bubble measured {row['measured_bubble']:.3f} predicted "
+            f"{row['predicted_bubble']:.3f} (diff {diff_pp:+.1f} pp)",
+            flush=True,
+        )
     print(json.dumps(rows))
 
 

@@ -26,8 +26,15 @@ def make_coord(clock, *, G=2, S=1, B=2, lease_timeout_s=60.0) -> Coordinator:
         ArithmeticTask(),
         encode_prompt=lambda messages: [ord(c) % 100 for c in messages[-1]["content"][:8]],
         decode=lambda ids: " ".join(str(i) for i in ids),
-        group_size=G, staleness=S, prompts_per_step=B, max_new_tokens=8, vocab_size=1000,
-        lease_timeout_s=lease_timeout_s, heartbeat_s=2.0, seed=0, clock=clock,
+        group_size=G,
+        staleness=S,
+        prompts_per_step=B,
+        max_new_tokens=8,
+        vocab_size=1000,
+        lease_timeout_s=lease_timeout_s,
+        heartbeat_s=2.0,
+        seed=0,
+        clock=clock,
     )
 
 
@@ -38,10 +45,18 @@ def answer_tokens(coord: Coordinator, prompt_id: int) -> list[int]:
 
 def batch_for(coord, worker_id, lease, *, G=2, right=True, version=None) -> RolloutBatch:
     samples = [
-        Sample(prompt_id=p.prompt_id, sample_idx=i,
-               completion_token_ids=answer_tokens(coord, p.prompt_id) if right else [999],
-               logprobs=[-0.5])
-        for p in lease.prompts for i in range(G)
+        Sample(
+            prompt_id=p.prompt_id,
+            sample_idx=i,
+            completion_token_ids=answer_tokens(coord, p.prompt_id) if right else [999],
+            logprobs=[-0.5],
+        )
+        for p in lease.prompts
+        for i in range(G)
     ]
-    return RolloutBatch(worker_id=worker_id, lease_id=lease.lease_id,
-                        version=lease.version if version is None else version, samples=samples)
+    return RolloutBatch(
+        worker_id=worker_id,
+        lease_id=lease.lease_id,
+        version=lease.version if version is None else version,
+        samples=samples,
+    )

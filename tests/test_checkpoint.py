@@ -72,8 +72,19 @@ def test_audit_finds_a_prompt_that_vanished(clock):
 
 
 def test_trainer_checkpoint_restores_weights_optimizer_and_rng(tiny_model_dir, tmp_path):  # noqa: F811
-    groups = [Group(0, 0, [5, 6], [Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i, 21],
-                                          logprobs=[-3.0, -3.0]) for i in range(4)], [1.0, 0.0, 1.0, 0.0], "w")]
+    groups = [
+        Group(
+            0,
+            0,
+            [5, 6],
+            [
+                Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i, 21], logprobs=[-3.0, -3.0])
+                for i in range(4)
+            ],
+            [1.0, 0.0, 1.0, 0.0],
+            "w",
+        )
+    ]
     a = make_trainer(tiny_model_dir)
     a.step(groups)
     a.save_checkpoint(tmp_path)
@@ -148,8 +159,14 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path):
 
 
 def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
-    saved = {"model": "default", "task": "arithmetic", "seed": 0, "group_size": 8, "prompts_per_step": 8,
-             "max_new_tokens": 16}
+    saved = {
+        "model": "default",
+        "task": "arithmetic",
+        "seed": 0,
+        "group_size": 8,
+        "prompts_per_step": 8,
+        "max_new_tokens": 16,
+    }
     cfg = SimpleNamespace(**{**saved, "steps": 20, "token": "s", "insecure_no_token": False})
     resume_check(saved, 10, cfg)
     with pytest.raises(ConfigError, match="cannot change group_size"):
@@ -164,8 +181,12 @@ def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
 def small_disk(where: Path, size: str):
     """A tmpfs of `size` mounted at `where` (skips the test where mounting needs root we lack)."""
     where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         yield where
@@ -199,8 +220,7 @@ def test_a_full_disk_while_encoding_a_delta_is_a_disk_full_error(tiny_model_dir,
     seeded = []
     node = SimpleNamespace(seed=lambda key, data, root: seeded.append(key), remove=lambda *a, **k: None)
     coord = SimpleNamespace(publish=lambda info: None, versions_in_download=set)
-    publisher = Publisher(make_trainer(tiny_model_dir), node, coord, tmp_path / "versions", "http://t/announce",
-                          keep=2)
+    publisher = Publisher(make_trainer(tiny_model_dir), node, coord, tmp_path / "versions", "http://t/announce", keep=2)
     publisher.publish(0)
 
     def full(*args, **kwargs):

@@ -28,7 +28,10 @@ def test_unreachable_learner_is_one_line_not_a_traceback():
     env_free = {k: v for k, v in os.environ.items() if not k.startswith("ECHO2_")}
     proc = subprocess.run(
         [sys.executable, "-m", "echo2cli", "worker", "--join", "http://127.0.0.1:9", "--quiet"],
-        capture_output=True, text=True, timeout=180, env={**env_free, "ECHO2_UNREACHABLE_S": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**env_free, "ECHO2_UNREACHABLE_S": "1"},
     )
     assert proc.returncode == 2
     assert "unreachable" in proc.stderr and "Traceback" not in proc.stderr
@@ -80,8 +83,9 @@ def test_resume_without_a_checkpoint_is_one_line(tmp_path):
 
 def test_tls_with_a_missing_key_file_is_one_line(tmp_path):
     (tmp_path / "cert.pem").write_text("x")
-    line = one_line_error(run_cli("learner", "--tls-cert", str(tmp_path / "cert.pem"), "--out", str(tmp_path / "o"),
-                                  "--port", "0"))
+    line = one_line_error(
+        run_cli("learner", "--tls-cert", str(tmp_path / "cert.pem"), "--out", str(tmp_path / "o"), "--port", "0")
+    )
     assert "tls_cert and tls_key" in line
 
 

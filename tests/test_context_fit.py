@@ -16,9 +16,21 @@ from echo2cli.tasks.arithmetic import ArithmeticTask
 def coord_with_lengths(clock, lengths, *, B=2, max_seq_len=None) -> Coordinator:
     """Prompt i is `lengths[i % len(lengths)]` tokens long; max_new_tokens = 8, G = 2."""
     sizes = cycle(lengths)
-    return Coordinator(ArithmeticTask(), encode_prompt=lambda messages: [1] * next(sizes), decode=str,
-                       group_size=2, staleness=1, prompts_per_step=B, max_new_tokens=8, vocab_size=1000,
-                       lease_timeout_s=60, heartbeat_s=2, seed=0, clock=clock, max_seq_len=max_seq_len)
+    return Coordinator(
+        ArithmeticTask(),
+        encode_prompt=lambda messages: [1] * next(sizes),
+        decode=str,
+        group_size=2,
+        staleness=1,
+        prompts_per_step=B,
+        max_new_tokens=8,
+        vocab_size=1000,
+        lease_timeout_s=60,
+        heartbeat_s=2,
+        seed=0,
+        clock=clock,
+        max_seq_len=max_seq_len,
+    )
 
 
 def leased_lengths(coord, worker_id, n=2) -> list[int]:
@@ -39,8 +51,9 @@ def test_a_prompt_the_engine_could_not_take_is_handed_back_and_not_leased_to_it_
     coord = coord_with_lengths(clock, [40])
     w = coord.join("w", 0.0, max_model_len=1024)  # it says 1024, its engine takes less
     lease = coord.lease(w, 0, 2).lease
-    back = RolloutBatch(worker_id=w, lease_id=lease.lease_id, version=0, samples=[],
-                        unservable=[p.prompt_id for p in lease.prompts])
+    back = RolloutBatch(
+        worker_id=w, lease_id=lease.lease_id, version=0, samples=[], unservable=[p.prompt_id for p in lease.prompts]
+    )
     assert coord.submit(back).accepted == 0
     assert coord.lease(w, 0, 2).status == "wait"  # every prompt is 40 tokens: none fits it any more
     other = coord.join("other", 0.0, max_model_len=1024)

@@ -122,8 +122,9 @@ def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
     t_pub = clock()
-    coord.publish(PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=t_pub))
+    coord.publish(
+        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=t_pub)
+    )
     clock(1)
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1))
     assert coord.update_bcast() == []
@@ -137,8 +138,9 @@ def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
 
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
-    coord.publish(PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=clock()))
+    coord.publish(
+        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=clock())
+    )
     clock(1)
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1, swap_s=0.5))  # idle: loaded it at once
     clock(1)
@@ -175,8 +177,9 @@ def test_policy_for_a_worker_carries_its_fetch_slot_among_active_workers(clock):
 
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
-    coord.publish(PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1,
-                             published_at=0.0))
+    coord.publish(
+        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1, published_at=0.0)
+    )
     assert (coord.latest_policy(a).slot, coord.latest_policy(a).slots) == (0, 2)
     assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (1, 2)
     assert coord.latest_policy().slots == 1  # no worker: no slot

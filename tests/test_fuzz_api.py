@@ -25,19 +25,35 @@ from echo2cli.learner.server import build_app
 from echo2cli.protocol import PolicyInfo
 
 TOKEN = "s3cret"
-JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
-                 heartbeat_s=2.0, model_files=["config.json"])
+JOIN_INFO = dict(
+    task="arithmetic",
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    staleness=1,
+    heartbeat_s=2.0,
+    model_files=["config.json"],
+)
 EXAMPLES_PER_OPERATION = 150  # x 9 operations: about 1,700 requests per run (at least 1,000 asserted)
 SEEN: Counter[str] = Counter()
 
 
 def make_app(model_dir: Path):
     coord = make_coord(lambda dt=0.0: 1000.0)
-    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
     (model_dir / "config.json").write_text("{}")
-    return build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=model_dir, model_files=["config.json"],
-                     token=TOKEN, status_extra=dict, target_steps=3)
+    return build_app(
+        coord,
+        run_id="r",
+        join_info=JOIN_INFO,
+        model_dir=model_dir,
+        model_files=["config.json"],
+        token=TOKEN,
+        status_extra=dict,
+        target_steps=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +61,24 @@ def api(tmp_path_factory):
     app = make_app(tmp_path_factory.mktemp("model"))
     http = TestClient(app, raise_server_exceptions=False)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    joined = [http.post("/v1/join", json={"name": f"w{i}", "echo2_version": __version__}, headers=auth).json()
-              for i in range(2)]
+    joined = [
+        http.post("/v1/join", json={"name": f"w{i}", "echo2_version": __version__}, headers=auth).json()
+        for i in range(2)
+    ]
     return app, joined
 
 
 # the schema is read at import (collection) time; the app it comes from is only asked for /openapi.json
-schema = schemathesis.openapi.from_asgi("/openapi.json", make_app(Path(tempfile.mkdtemp(prefix="echo2-fuzz-"))),
-                                        headers={"Authorization": f"Bearer {TOKEN}"})  # the schema needs a token
+schema = schemathesis.openapi.from_asgi(
+    "/openapi.json",
+    make_app(Path(tempfile.mkdtemp(prefix="echo2-fuzz-"))),
+    headers={"Authorization": f"Bearer {TOKEN}"},
+)  # the schema needs a token
 RNG = random.Random(0)
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None,
-          suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_generated_request_gets_a_server_error(case, api):
     app, joined = api
     me = RNG.choice(joined)
@@ -87,8 +107,12 @@ HOSTILE = [
     ("post", "/v1/join", b'{"name": "' + b"x" * 100_000 + b'"}', "application/json"),
     ("post", "/v1/lease", b'{"worker_id": null, "version": -1}', "application/json"),
     ("post", "/v1/lease", b'{"worker_id": "a", "version": 1e400}', "application/json"),
-    ("post", "/v1/rollouts", b'{"worker_id": "a", "lease_id": "b", "version": 0, "samples": ['
-     + b"{}," * 5000 + b"{}]}", "application/json"),
+    (
+        "post",
+        "/v1/rollouts",
+        b'{"worker_id": "a", "lease_id": "b", "version": 0, "samples": [' + b"{}," * 5000 + b"{}]}",
+        "application/json",
+    ),
     ("post", "/v1/rollouts", b"[" * 10_000 + b"]" * 10_000, "application/json"),
     ("post", "/v1/heartbeat", b'{"worker_id": "a", "version_loaded": "NaN"}', "application/json"),
     ("post", "/v1/leave", b"worker_id=a", "application/x-www-form-urlencoded"),
@@ -106,10 +130,13 @@ HOSTILE = [
 def test_hostile_requests_get_a_4xx_not_a_crash(api, method, path, body, content_type):
     app, joined = api
     http = TestClient(app, raise_server_exceptions=False)
-    headers = {"Authorization": f"Bearer {joined[0]['session_token']}",
-               **({"Content-Type": content_type} if content_type else {})}
+    headers = {
+        "Authorization": f"Bearer {joined[0]['session_token']}",
+        **({"Content-Type": content_type} if content_type else {}),
+    }
     body = body.replace(b'"a"', f'"{joined[0]["worker_id"]}"'.encode())  # a real worker: past the auth check
-    response = http.request(method, path.replace("{key}", joined[0]["tracker_key"]), content=body or None,
-                            headers=headers)
+    response = http.request(
+        method, path.replace("{key}", joined[0]["tracker_key"]), content=body or None, headers=headers
+    )
     assert response.status_code < 500, response.text[:300]
     assert http.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # still serving

@@ -11,21 +11,38 @@ from echo2cli.learner.guard import rollout_body_limit
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import PolicyInfo
 
-JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
-                 heartbeat_s=2.0, model_files=["config.json"])
+JOIN_INFO = dict(
+    task="arithmetic",
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    staleness=1,
+    heartbeat_s=2.0,
+    model_files=["config.json"],
+)
 
 
 @pytest.fixture
 def api(clock, tmp_path):
     coord = make_coord(clock)  # B = 2 prompts, G = 2, 8 new tokens
-    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
     (tmp_path / "config.json").write_text("{}")
-    app = build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
-                    token="s3cret", status_extra=dict, target_steps=3)
+    app = build_app(
+        coord,
+        run_id="r",
+        join_info=JOIN_INFO,
+        model_dir=tmp_path,
+        model_files=["config.json"],
+        token="s3cret",
+        status_extra=dict,
+        target_steps=3,
+    )
     http = TestClient(app)
-    info = http.post("/v1/join", json={"name": "w", "echo2_version": __version__},
-                     headers={"Authorization": "Bearer s3cret"}).json()
+    info = http.post(
+        "/v1/join", json={"name": "w", "echo2_version": __version__}, headers={"Authorization": "Bearer s3cret"}
+    ).json()
     return http, info, coord
 
 
@@ -64,10 +81,15 @@ def test_a_streamed_body_is_cut_off_at_the_limit(api):
 def test_a_batch_with_more_samples_than_a_lease_can_hold_is_refused(api):
     http, info, coord = api
     auth = {"Authorization": f"Bearer {info['session_token']}"}
-    samples = [{"prompt_id": 0, "sample_idx": i, "completion_token_ids": [1], "logprobs": [-0.1]}
-               for i in range(coord.B * coord.G + 1)]
-    r = http.post("/v1/rollouts", json={"worker_id": info["worker_id"], "lease_id": "x", "version": 0,
-                                        "samples": samples}, headers=auth)
+    samples = [
+        {"prompt_id": 0, "sample_idx": i, "completion_token_ids": [1], "logprobs": [-0.1]}
+        for i in range(coord.B * coord.G + 1)
+    ]
+    r = http.post(
+        "/v1/rollouts",
+        json={"worker_id": info["worker_id"], "lease_id": "x", "version": 0, "samples": samples},
+        headers=auth,
+    )
     assert r.status_code == 422 and "at most" in r.json()["detail"]
 
 

@@ -10,9 +10,25 @@ from hypothesis import strategies as st
 from echo2cli.protocol import RolloutBatch, Sample
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["lease", "lease_future", "submit", "submit_bad", "submit_other", "unservable", "tick",
-                               "leave", "join", "train"]), st.integers(0, 3)),
-    min_size=1, max_size=120,
+    st.tuples(
+        st.sampled_from(
+            [
+                "lease",
+                "lease_future",
+                "submit",
+                "submit_bad",
+                "submit_other",
+                "unservable",
+                "tick",
+                "leave",
+                "join",
+                "train",
+            ]
+        ),
+        st.integers(0, 3),
+    ),
+    min_size=1,
+    max_size=120,
 )
 
 
@@ -47,18 +63,29 @@ def test_ledger_balances_and_no_prompt_is_trained_twice(ops):
             assert coord.lease(wid, coord.version + 1 + k, 4).lease is None
         elif op == "unservable" and held.get(wid):  # its engine could take none of them: handed back
             lease = held[wid].pop(0)
-            coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=lease.version, samples=[],
-                                      unservable=[p.prompt_id for p in lease.prompts]))
+            coord.submit(
+                RolloutBatch(
+                    worker_id=wid,
+                    lease_id=lease.lease_id,
+                    version=lease.version,
+                    samples=[],
+                    unservable=[p.prompt_id for p in lease.prompts],
+                )
+            )
         elif op in ("submit", "submit_bad", "submit_other") and held.get(wid):
             lease = held[wid].pop(0)
             if op == "submit_other":  # try to return another worker's lease
                 other = workers[(k + 1) % len(workers)]
                 coord.submit(batch_for(coord, other, lease)) if coord.known(other) else None
             elif op == "submit_bad":
-                samples = [Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[1, 2], logprobs=[0.5])
-                           for p in lease.prompts for i in range(2)]
-                coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=lease.version,
-                                          samples=samples))
+                samples = [
+                    Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[1, 2], logprobs=[0.5])
+                    for p in lease.prompts
+                    for i in range(2)
+                ]
+                coord.submit(
+                    RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=lease.version, samples=samples)
+                )
             else:
                 coord.submit(batch_for(coord, wid, lease))
         elif op == "tick":
@@ -82,8 +109,11 @@ def test_a_worker_that_keeps_sending_invalid_data_is_cut_off(clock):
     wid = coord.join("bad", 0.0)
     for _ in range(coord.max_bad_batches):
         lease = coord.lease(wid, 0, 1).lease
-        samples = [Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[5000], logprobs=[-1.0])
-                   for p in lease.prompts for i in range(2)]
+        samples = [
+            Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=[5000], logprobs=[-1.0])
+            for p in lease.prompts
+            for i in range(2)
+        ]
         result = coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=0, samples=samples))
         assert result.rejected == {"invalid_samples": 2} and "vocabulary" in result.detail
     assert coord.cut_off(wid) and not coord.known(wid)
@@ -100,7 +130,6 @@ def test_stale_and_honest_duplicates_do_not_count_against_a_worker(clock):
         coord.advance(coord.version + 1)  # the learner moved on: the group is more than S=0 behind
         assert coord.submit(batch_for(coord, wid, lease)).rejected == {"stale": 4}
     assert not coord.cut_off(wid)
-
 
 
 def test_a_copy_of_a_batch_whose_lease_was_revoked_for_invalid_data_is_told_revoked(clock):

@@ -23,20 +23,35 @@ def test_nodes_talk_across_namespaces_through_tbf_caps():
     before = namespaces()
     with Fleet({"learner": Link(100, 400), "w0": Link(50, 80)}) as fleet:
         assert len(namespaces() - before) == 3  # hub + two nodes
-        qdisc = subprocess.run(fleet.argv("w0") + ["tc", "qdisc", "show", "dev", "eth0"],
-                               capture_output=True, text=True).stdout
+        qdisc = subprocess.run(
+            fleet.argv("w0") + ["tc", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+        ).stdout
         assert "tbf" in qdisc and "50Mbit" in qdisc
-        server = subprocess.Popen(fleet.argv("learner") + [
-            sys.executable, "-c",
-            "import socket; s = socket.create_server(('0.0.0.0', 9000)); c, _ = s.accept(); c.sendall(b'pong')"])
+        server = subprocess.Popen(
+            fleet.argv("learner")
+            + [
+                sys.executable,
+                "-c",
+                "import socket; s = socket.create_server(('0.0.0.0', 9000)); c, _ = s.accept(); c.sendall(b'pong')",
+            ]
+        )
         try:
-            client = subprocess.run(fleet.argv("w0") + [
-                sys.executable, "-c",
-                "import socket, sys, time\n"
-                "for _ in range(50):\n"
-                "    try: s = socket.create_connection((sys.argv[1], 9000), timeout=5); break\n"
-                "    except OSError: time.sleep(0.1)\n"
-                "print(s.recv(4).decode())", fleet.addr("learner")], capture_output=True, text=True, timeout=60)
+            client = subprocess.run(
+                fleet.argv("w0")
+                + [
+                    sys.executable,
+                    "-c",
+                    "import socket, sys, time\n"
+                    "for _ in range(50):\n"
+                    "    try: s = socket.create_connection((sys.argv[1], 9000), timeout=5); break\n"
+                    "    except OSError: time.sleep(0.1)\n"
+                    "print(s.recv(4).decode())",
+                    fleet.addr("learner"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert client.stdout.strip() == "pong"
         finally:
             server.kill()

@@ -43,7 +43,11 @@ def test_resuming_a_run_that_had_a_token_without_one_is_refused():
 
 
 def test_the_cli_refuses_an_open_learner_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "echo2cli", "learner", "--host", "0.0.0.0", "--quiet"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "echo2cli", "learner", "--host", "0.0.0.0", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--insecure-no-token" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

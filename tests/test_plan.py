@@ -136,15 +136,27 @@ def test_adding_a_very_slow_worker_to_a_pool_does_not_raise_the_predicted_or_sim
     with_slow = pool + [WorkerSpec("slow", 0.0, slow_mu)]
     assert bubble_ratio(inp, pool) == 0.0
     assert plan(inp, with_slow).baselines["all_active"].bubble_ratio == 0.0
-    sim = simulate(batch_prompts=8, group_size=G, t_train_s=10, staleness=2, kappa=1, steps=150, warmup_steps=30,
-                   workers=[SimWorker(2.0, 4, 1.0)] * 4 + [SimWorker(slow_mu, 4, 1.0)])
+    sim = simulate(
+        batch_prompts=8,
+        group_size=G,
+        t_train_s=10,
+        staleness=2,
+        kappa=1,
+        steps=150,
+        warmup_steps=30,
+        workers=[SimWorker(2.0, 4, 1.0)] * 4 + [SimWorker(slow_mu, 4, 1.0)],
+    )
     assert sim.bubble_ratio == 0.0
 
 
 worker_speeds = st.lists(st.floats(0.05, 50.0), min_size=1, max_size=6)
 settings_st = st.builds(
     lambda B, T, r, S, q: PlanInputs(batch=B, t_train_s=T, t_bcast_s=r * T, staleness=S, lease_rollouts=q),
-    st.integers(8, 256), st.floats(0.5, 60.0), st.floats(0.0, 3.0), st.integers(0, 8), st.sampled_from([4, 8, 32]),
+    st.integers(8, 256),
+    st.floats(0.5, 60.0),
+    st.floats(0.0, 3.0),
+    st.integers(0, 8),
+    st.sampled_from([4, 8, 32]),
 )
 
 
@@ -190,6 +202,7 @@ def test_a_pool_at_its_echo2_threshold_has_no_bubble(inp, speeds):
 
 # -- the closed form against the discrete-event simulator ---------------------------------------------
 
+
 @pytest.mark.parametrize("S", [1, 2, 4, 6])
 @pytest.mark.parametrize("ratio", [0.1, 0.5, 2.0])
 def test_simulated_knee_matches_echo2_rule_within_5_percent(S, ratio):
@@ -203,8 +216,16 @@ def test_simulated_knee_matches_echo2_rule_within_5_percent(S, ratio):
         sim = simulate(batch_prompts=B_prompts, group_size=G, t_train_s=T, staleness=S, kappa=1, workers=pool)
         assert sim.bubble_ratio > 0.02 or S * T == ratio * T
         return
-    knee = simulated_knee(batch_prompts=B_prompts, group_size=G, t_train_s=T, t_bcast_s=ratio * T, staleness=S,
-                          kappa=1, n_workers=n, lease_prompts=k)
+    knee = simulated_knee(
+        batch_prompts=B_prompts,
+        group_size=G,
+        t_train_s=T,
+        t_bcast_s=ratio * T,
+        staleness=S,
+        kappa=1,
+        n_workers=n,
+        lease_prompts=k,
+    )
     assert knee == pytest.approx(predicted, rel=0.05)
 
 
@@ -212,8 +233,9 @@ def test_paper_rule_is_off_where_staleness_or_leases_bind():
     # S=1, T_b = T/2: the paper asks for 64/5 = 12.8 rollouts/s; whole leases of 32 from 4 workers need
     # X/(T - T_b) = 128/5 = 25.6, and the simulator's knee agrees with the latter
     inp = PlanInputs(batch=64, t_train_s=10, t_bcast_s=5, staleness=1, lease_rollouts=32)
-    knee = simulated_knee(batch_prompts=8, group_size=G, t_train_s=10, t_bcast_s=5, staleness=1, kappa=1,
-                          n_workers=4, lease_prompts=4)
+    knee = simulated_knee(
+        batch_prompts=8, group_size=G, t_train_s=10, t_bcast_s=5, staleness=1, kappa=1, n_workers=4, lease_prompts=4
+    )
     assert knee == pytest.approx(mu_min_echo2(inp, pool_of(4, 1.0)), rel=0.05)
     assert knee > 1.5 * mu_min_paper(inp)
 
@@ -221,8 +243,9 @@ def test_paper_rule_is_off_where_staleness_or_leases_bind():
 @pytest.mark.parametrize("S, kappa", [(4, 3), (6, 5)])
 def test_kappa_shrinks_the_staleness_window(S, kappa):
     inp = PlanInputs(batch=64, t_train_s=10, t_bcast_s=5, staleness=S, kappa=kappa, lease_rollouts=32)
-    knee = simulated_knee(batch_prompts=8, group_size=G, t_train_s=10, t_bcast_s=5, staleness=S, kappa=kappa,
-                          n_workers=4, lease_prompts=4)
+    knee = simulated_knee(
+        batch_prompts=8, group_size=G, t_train_s=10, t_bcast_s=5, staleness=S, kappa=kappa, n_workers=4, lease_prompts=4
+    )
     assert knee == pytest.approx(mu_min_echo2(inp, pool_of(4, 1.0)), rel=0.05)
 
 
@@ -230,8 +253,16 @@ def test_kappa_shrinks_the_staleness_window(S, kappa):
 def test_predicted_bubble_matches_simulation_below_the_knee(mu_factor):
     inp = PlanInputs(batch=64, t_train_s=10, t_bcast_s=5, staleness=2, lease_rollouts=32)
     mu = mu_factor * mu_min_echo2(inp, pool_of(4, 1.0))
-    sim = simulate(batch_prompts=8, group_size=G, t_train_s=10, staleness=2, kappa=1,
-                   workers=[SimWorker(mu / 4, 4, 5.0)] * 4, steps=150, warmup_steps=20)
+    sim = simulate(
+        batch_prompts=8,
+        group_size=G,
+        t_train_s=10,
+        staleness=2,
+        kappa=1,
+        workers=[SimWorker(mu / 4, 4, 5.0)] * 4,
+        steps=150,
+        warmup_steps=20,
+    )
     assert sim.bubble_ratio == pytest.approx(bubble_ratio(inp, pool_of(4, mu / 4)), abs=0.03)
     assert sim.stale_dropped == 0 and max(sim.staleness_hist) <= 2
 
@@ -246,6 +277,13 @@ def test_simulator_more_staleness_never_more_bubble():
 def test_simulated_workers_each_too_slow_for_the_usual_step_still_get_leases_as_the_learner_waits():
     # 9 workers of 1/s, B = 2 prompts of G = 8, S = 0, T = 1 s: one group takes 8 s, far longer than a step of
     # T; as the learner waits the step lengthens and leases resume (the coordinator's rule), so every step runs
-    sim = simulate(batch_prompts=2, group_size=G, t_train_s=1.0, staleness=0, kappa=1, steps=40,
-                   workers=[SimWorker(1.0, 1, 0.0)] * 9)
+    sim = simulate(
+        batch_prompts=2,
+        group_size=G,
+        t_train_s=1.0,
+        staleness=0,
+        kappa=1,
+        steps=40,
+        workers=[SimWorker(1.0, 1, 0.0)] * 9,
+    )
     assert sim.steps == 40 and sim.step_time_s == pytest.approx(9.0)

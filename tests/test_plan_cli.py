@@ -60,16 +60,19 @@ def test_table_output_and_plot(tmp_path):
     [
         (["--mu", "0,3", "--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"], "throughput"),
         (["--mu", "3", "--batch", "64", "--t-train", "10", "--t-bcast", "30", "-S", "2"], "need S >= 4"),
-        (["--mu", "3", "--batch", "64", "--t-train", "10", "--t-bcast", "10", "-S", "2", "--rule", "paper"],
-         "kappa*T_train"),
+        (
+            ["--mu", "3", "--batch", "64", "--t-train", "10", "--t-bcast", "10", "-S", "2", "--rule", "paper"],
+            "kappa*T_train",
+        ),
         (["--mu", "3", "--batch", "64"], "missing --t-train"),
         (["--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"], "no workers"),
         (["--mu", "a,b", "--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"], "comma-separated"),
     ],
 )
 def test_impossible_inputs_are_one_line_errors(args, message):
-    proc = subprocess.run([sys.executable, "-m", "echo2cli", "plan", *args], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "echo2cli", "plan", *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -93,17 +96,44 @@ def test_pool_file_count_expands_identical_workers(tmp_path):
 
 def fake_run(tmp_path: Path) -> Path:
     """A run directory as `echo2 learner` writes it: config.json, metrics.jsonl, summary.json."""
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"prompts_per_step": 4, "group_size": 8, "staleness": 2, "kappa": 1, "gamma": 1.1}))
-    rows = [{"step": t, "learner/t_busy_s": busy, "learner/t_train_s": busy - 1, "learner/bubble_ratio": 0.2,
-             "bcast/t_s": 3.0 + t, "bcast/version": t} for t, busy in enumerate([30.0, 10.0, 12.0, 11.0])]
+    (tmp_path / "config.json").write_text(
+        json.dumps({"prompts_per_step": 4, "group_size": 8, "staleness": 2, "kappa": 1, "gamma": 1.1})
+    )
+    rows = [
+        {
+            "step": t,
+            "learner/t_busy_s": busy,
+            "learner/t_train_s": busy - 1,
+            "learner/bubble_ratio": 0.2,
+            "bcast/t_s": 3.0 + t,
+            "bcast/version": t,
+        }
+        for t, busy in enumerate([30.0, 10.0, 12.0, 11.0])
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "summary.json").write_text(json.dumps({
-        "bcast_s": {"0": 40.0, "1": 4.0, "2": 5.0, "3": 6.0},
-        "workers": [{"worker_id": "ab12", "name": "w0", "usd_per_hour": 0.5, "rollouts_per_s": 2.0,
-                     "lease_rollouts": 32.0},
-                    {"worker_id": "cd34", "name": "w1", "usd_per_hour": 0.0, "rollouts_per_s": None,
-                     "lease_rollouts": None}]}))
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "bcast_s": {"0": 40.0, "1": 4.0, "2": 5.0, "3": 6.0},
+                "workers": [
+                    {
+                        "worker_id": "ab12",
+                        "name": "w0",
+                        "usd_per_hour": 0.5,
+                        "rollouts_per_s": 2.0,
+                        "lease_rollouts": 32.0,
+                    },
+                    {
+                        "worker_id": "cd34",
+                        "name": "w1",
+                        "usd_per_hour": 0.0,
+                        "rollouts_per_s": None,
+                        "lease_rollouts": None,
+                    },
+                ],
+            }
+        )
+    )
     return tmp_path
 
 

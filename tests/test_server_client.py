@@ -11,25 +11,45 @@ from echo2cli.learner.server import build_app
 from echo2cli.protocol import JoinRequest, LeaseRequest, PolicyInfo
 from echo2cli.worker.client import LearnerClient
 
-JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
-                 heartbeat_s=2.0, model_files=["config.json"])
+JOIN_INFO = dict(
+    task="arithmetic",
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    staleness=1,
+    heartbeat_s=2.0,
+    model_files=["config.json"],
+)
 
 
 @pytest.fixture
 def app(clock, tmp_path):
     coord = make_coord(clock)
-    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
     (tmp_path / "config.json").write_text("{}")
-    return build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
-                     token="s3cret", status_extra=dict, target_steps=3)
+    return build_app(
+        coord,
+        run_id="r",
+        join_info=JOIN_INFO,
+        model_dir=tmp_path,
+        model_files=["config.json"],
+        token="s3cret",
+        status_extra=dict,
+        target_steps=3,
+    )
 
 
 def test_wrong_token_is_401_and_the_client_says_what_to_do(app):
     http = TestClient(app)
     assert http.post("/v1/join", json={"name": "w", "echo2_version": __version__}).status_code == 401
-    assert http.post("/v1/join", json={"name": "w", "echo2_version": __version__},
-                     headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert (
+        http.post(
+            "/v1/join", json={"name": "w", "echo2_version": __version__}, headers={"Authorization": "Bearer s3cret"}
+        ).status_code
+        == 200
+    )
 
 
 def test_join_lease_round_trip_through_the_client(app):
@@ -58,8 +78,9 @@ def test_client_maps_401_to_auth_error():
 
 def test_client_maps_413_to_one_protocol_error_line():
     detail = "request body over 4096 bytes, the most /v1/rollouts takes in this run"
-    client = LearnerClient("http://l", "x", transport=httpx.MockTransport(
-        lambda r: httpx.Response(413, json={"detail": detail})))
+    client = LearnerClient(
+        "http://l", "x", transport=httpx.MockTransport(lambda r: httpx.Response(413, json={"detail": detail}))
+    )
     with pytest.raises(ProtocolError, match="413") as err:
         client.join(JoinRequest(name="w"))
     assert detail in str(err.value) and "\n" not in str(err.value)
@@ -97,14 +118,16 @@ def test_malformed_rollout_body_is_422(app):
     assert r.status_code == 422  # the body is checked before the credentials of the worker it names
 
 
-ANNOUNCE_QUERY = ("?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01"
-                  "&peer_id=aaaaaaaaaaaaaaaaaaaa&port=1234")
+ANNOUNCE_QUERY = (
+    "?info_hash=%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01%01&peer_id=aaaaaaaaaaaaaaaaaaaa&port=1234"
+)
 
 
 def test_tracker_serves_joined_peers_only(app):
     http = TestClient(app)
-    info = http.post("/v1/join", json={"name": "w", "echo2_version": __version__},
-                     headers={"Authorization": "Bearer s3cret"}).json()
+    info = http.post(
+        "/v1/join", json={"name": "w", "echo2_version": __version__}, headers={"Authorization": "Bearer s3cret"}
+    ).json()
     r = http.get(f"/announce/{info['tracker_key']}{ANNOUNCE_QUERY}")
     assert r.status_code == 200 and r.content.startswith(b"d") and b"peers" in r.content
     for path in (f"/announce/not-a-key{ANNOUNCE_QUERY}", f"/announce{ANNOUNCE_QUERY}"):
@@ -115,16 +138,20 @@ def test_tracker_serves_joined_peers_only(app):
 
 def test_calls_as_a_worker_need_that_workers_own_session_token(app):
     http = TestClient(app)
-    join = lambda name: http.post("/v1/join", json={"name": name, "echo2_version": __version__},  # noqa: E731
-                                  headers={"Authorization": "Bearer s3cret"}).json()
+
+    def join(name):
+        body = {"name": name, "echo2_version": __version__}
+        return http.post("/v1/join", json=body, headers={"Authorization": "Bearer s3cret"}).json()
+
     a, b = join("a"), join("b")
     assert a["session_token"] != b["session_token"] and len(a["session_token"]) >= 32
     lease = {"worker_id": a["worker_id"], "version": 0, "max_prompts": 1}
     assert http.post("/v1/lease", json=lease, headers={"Authorization": "Bearer s3cret"}).status_code == 401
     r = http.post("/v1/lease", json=lease, headers={"Authorization": f"Bearer {b['session_token']}"})
     assert r.status_code == 403 and "another worker" in r.json()["detail"]
-    assert http.post("/v1/lease", json=lease,
-                     headers={"Authorization": f"Bearer {a['session_token']}"}).status_code == 200
+    assert (
+        http.post("/v1/lease", json=lease, headers={"Authorization": f"Bearer {a['session_token']}"}).status_code == 200
+    )
     # read-only calls take the join token or a session token, nothing else
     assert http.get("/v1/status", headers={"Authorization": f"Bearer {a['session_token']}"}).status_code == 200
     assert http.get("/v1/status", headers={"Authorization": "Bearer guess"}).status_code == 401
@@ -147,8 +174,9 @@ def test_a_cut_off_worker_hears_why(app):
 
 def test_a_worker_of_another_echo2_version_is_refused_with_one_line(app):
     http = TestClient(app)
-    r = http.post("/v1/join", json={"name": "old", "echo2_version": "0.0.9"},
-                  headers={"Authorization": "Bearer s3cret"})
+    r = http.post(
+        "/v1/join", json={"name": "old", "echo2_version": "0.0.9"}, headers={"Authorization": "Bearer s3cret"}
+    )
     assert r.status_code == 409 and "install the same version on both" in r.json()["detail"]
     client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda q: _forward(http, q)))
     with pytest.raises(ProtocolError, match="refused us: worker runs echo2 0.0.9"):
@@ -160,15 +188,26 @@ def test_a_restarted_learner_answers_session_lost_and_the_client_can_join_again(
     from echo2cli.errors import SessionLost
 
     target = {"app": TestClient(app)}
-    client = LearnerClient("http://learner", "s3cret",
-                           transport=httpx.MockTransport(lambda r: _forward(target["app"], r)))
+    client = LearnerClient(
+        "http://learner", "s3cret", transport=httpx.MockTransport(lambda r: _forward(target["app"], r))
+    )
     info = client.join(JoinRequest(name="w"))
     restarted = make_coord(clock)
-    restarted.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
-    target["app"] = TestClient(build_app(restarted, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path,
-                                         model_files=["config.json"], token="s3cret", status_extra=dict,
-                                         target_steps=3))
+    restarted.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
+    target["app"] = TestClient(
+        build_app(
+            restarted,
+            run_id="r",
+            join_info=JOIN_INFO,
+            model_dir=tmp_path,
+            model_files=["config.json"],
+            token="s3cret",
+            status_extra=dict,
+            target_steps=3,
+        )
+    )
     with pytest.raises(SessionLost, match="no longer knows"):
         client.lease(LeaseRequest(worker_id=info.worker_id, version=0))
     again = client.join(JoinRequest(name="w"))  # with the join token, not the lost session's

@@ -21,8 +21,9 @@ from echo2cli.worker.loop import Worker
 
 
 def policy(version: int, at: float = 0.0) -> PolicyInfo:
-    return PolicyInfo(version=version, info_hash="ab" * 20, torrent_b64="eA==", sha256="cd" * 32, size_bytes=1,
-                      published_at=at)
+    return PolicyInfo(
+        version=version, info_hash="ab" * 20, torrent_b64="eA==", sha256="cd" * 32, size_bytes=1, published_at=at
+    )
 
 
 def test_a_worker_handed_a_version_counts_as_fetching_it_until_its_heartbeat_says_otherwise(clock):
@@ -98,8 +99,14 @@ def real_policy(tmp_path, version: int) -> PolicyInfo:
     vdir.mkdir(parents=True)
     (vdir / "model.safetensors").write_bytes(os.urandom(1 << 16))
     torrent = make_torrent(vdir, "http://127.0.0.1:9/announce")
-    return PolicyInfo(version=version, info_hash=torrent.info_hash, torrent_b64=torrent.b64,
-                      sha256=sha256_file(vdir / "model.safetensors"), size_bytes=1 << 16, published_at=0.0)
+    return PolicyInfo(
+        version=version,
+        info_hash=torrent.info_hash,
+        torrent_b64=torrent.b64,
+        sha256=sha256_file(vdir / "model.safetensors"),
+        size_bytes=1 << 16,
+        published_at=0.0,
+    )
 
 
 def fetching_worker(tmp_path, newest: PolicyInfo) -> Worker:

@@ -23,12 +23,15 @@ def reward(answer: str, completion: str) -> float:
 
 
 def test_the_three_file_shapes_give_their_gold_answers(tmp_path):
-    path = write_jsonl(tmp_path / "m.jsonl", [
-        {"question": "GSM8K?", "answer": "3 + 4 = 7 #### 1 #### 42", "split": "train"},
-        {"problem": "MATH?", "solution": "So $\\boxed{1}$, no: $\\boxed{\\frac{1}{\\sqrt{2}}}$.", "split": "train"},
-        {"problem": "AIME?", "answer": 7, "split": "train", "id": "aime-1"},
-        {"question": "Plain?", "answer": "\\frac{3}{4}", "split": "eval"},
-    ])
+    path = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {"question": "GSM8K?", "answer": "3 + 4 = 7 #### 1 #### 42", "split": "train"},
+            {"problem": "MATH?", "solution": "So $\\boxed{1}$, no: $\\boxed{\\frac{1}{\\sqrt{2}}}$.", "split": "train"},
+            {"problem": "AIME?", "answer": 7, "split": "train", "id": "aime-1"},
+            {"question": "Plain?", "answer": "\\frac{3}{4}", "split": "eval"},
+        ],
+    )
     task = MathTask(str(path))
     got = {p.prompt: (p.answer, p.meta["shape"]) for p in task.train + task.eval}
     assert got == {
@@ -47,17 +50,20 @@ def test_prompts_ask_for_a_boxed_answer_after_a_system_message():
     assert "\\boxed{}" in SYSTEM_PROMPT and p.messages[1]["role"] == "user"
 
 
-@pytest.mark.parametrize(("gold", "answer"), [
-    ("0.5", "\\frac{1}{2}"),
-    ("\\frac{1}{2}", "1/2"),
-    ("1/2", "0.5"),
-    ("3", "3.0"),
-    ("\\sqrt{8}", "2\\sqrt{2}"),
-    ("-7", "\u22127"),  # unicode minus
-    ("1,550", "1550"),
-    ("x^2 - 9", "-9 + x^2"),
-    ("7", "7."),
-])
+@pytest.mark.parametrize(
+    ("gold", "answer"),
+    [
+        ("0.5", "\\frac{1}{2}"),
+        ("\\frac{1}{2}", "1/2"),
+        ("1/2", "0.5"),
+        ("3", "3.0"),
+        ("\\sqrt{8}", "2\\sqrt{2}"),
+        ("-7", "\u22127"),  # unicode minus
+        ("1,550", "1550"),
+        ("x^2 - 9", "-9 + x^2"),
+        ("7", "7."),
+    ],
+)
 def test_equivalent_forms_score_correct(gold, answer):
     score = MathTask().score(problem(gold), f"Some work. The answer is $\\boxed{{{answer}}}$.")
     assert score.components == {"correct": 1.0, "format": 1.0}
@@ -85,24 +91,27 @@ def test_without_a_box_the_last_number_can_be_correct_but_format_is_zero():
     assert MathTask().score(problem("42"), "no idea").components == {"correct": 0.0, "format": 0.0}
 
 
-@pytest.mark.parametrize("completion", [
-    "\\boxed{" + "9" * 100_000 + "}",
-    "9" * 100_000,
-    "\\boxed{" + "\\frac{1}{" * 500 + "2" + "}" * 500 + "}",
-    "\\boxed{" + "\\frac{1}{" * 16 + "2" + "}" * 16 + "}",
-    "\\boxed{9^{9^{9^{9}}}}",
-    "\\boxed{9^(9^9)}",
-    "\\boxed{(((9^{99})^{99})^{99})^{99}}",
-    "\\boxed{(x+1)^{100000}}",
-    "\\boxed{10^{400}!}",
-    "\\boxed{\\Gamma(10^{9})}",
-    "\\boxed{" + "".join(f"\\sin({i})" for i in range(1, 21)) + "}",
-    "the answer " * 10_000 + "\\boxed{41",
-    "\\boxed{" * 20_000,
-    "{" * 50_000 + "}" * 50_000,
-    "",
-    "\x00\ud800 \\boxed{\\}",
-])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{" + "9" * 100_000 + "}",
+        "9" * 100_000,
+        "\\boxed{" + "\\frac{1}{" * 500 + "2" + "}" * 500 + "}",
+        "\\boxed{" + "\\frac{1}{" * 16 + "2" + "}" * 16 + "}",
+        "\\boxed{9^{9^{9^{9}}}}",
+        "\\boxed{9^(9^9)}",
+        "\\boxed{(((9^{99})^{99})^{99})^{99}}",
+        "\\boxed{(x+1)^{100000}}",
+        "\\boxed{10^{400}!}",
+        "\\boxed{\\Gamma(10^{9})}",
+        "\\boxed{" + "".join(f"\\sin({i})" for i in range(1, 21)) + "}",
+        "the answer " * 10_000 + "\\boxed{41",
+        "\\boxed{" * 20_000,
+        "{" * 50_000 + "}" * 50_000,
+        "",
+        "\x00\ud800 \\boxed{\\}",
+    ],
+)
 def test_adversarial_completions_return_a_score_in_range(completion):
     score = MathTask().score(problem("42"), completion)
     assert 0.0 <= score.reward <= 1.0
@@ -153,14 +162,17 @@ def test_explicit_split_fields_override_the_hash(tmp_path):
     assert [p.prompt for p in task.train] == ["last"]
 
 
-@pytest.mark.parametrize(("line", "reason"), [
-    ("{not json", "line 2"),
-    ('{"question": "q"}', "no 'answer' or 'solution'"),
-    ('{"answer": "3"}', "no 'question' or 'problem'"),
-    ('{"problem": "q", "solution": "no box"}', "boxed"),
-    ('{"question": "q", "answer": "1", "split": "test"}', "split"),
-    ('["q", "1"]', "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("{not json", "line 2"),
+        ('{"question": "q"}', "no 'answer' or 'solution'"),
+        ('{"answer": "3"}', "no 'question' or 'problem'"),
+        ('{"problem": "q", "solution": "no box"}', "boxed"),
+        ('{"question": "q", "answer": "1", "split": "test"}', "split"),
+        ('["q", "1"]', "not a JSON object"),
+    ],
+)
 def test_a_bad_line_is_a_value_error_naming_file_and_line(tmp_path, line, reason):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "ok", "answer": "1", "split": "train"}\n' + line + "\n")

@@ -20,8 +20,15 @@ from echo2cli.protocol import JoinRequest, PolicyInfo
 from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.worker.client import LearnerClient
 
-JOIN_INFO = dict(task="arithmetic", group_size=2, max_new_tokens=8, temperature=1.0, staleness=1,
-                 heartbeat_s=2.0, model_files=["config.json"])
+JOIN_INFO = dict(
+    task="arithmetic",
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    staleness=1,
+    heartbeat_s=2.0,
+    model_files=["config.json"],
+)
 
 
 def self_signed(directory, host="127.0.0.1"):
@@ -33,16 +40,23 @@ def self_signed(directory, host="127.0.0.1"):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -50,11 +64,20 @@ def self_signed(directory, host="127.0.0.1"):
 def https_learner(clock, tmp_path):
     cert, key = self_signed(tmp_path)
     coord = make_coord(clock)
-    coord.publish(PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1,
-                             published_at=0))
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+    )
     (tmp_path / "config.json").write_text("{}")
-    app = build_app(coord, run_id="r", join_info=JOIN_INFO, model_dir=tmp_path, model_files=["config.json"],
-                    token="s3cret", status_extra=dict, target_steps=3)
+    app = build_app(
+        coord,
+        run_id="r",
+        join_info=JOIN_INFO,
+        model_dir=tmp_path,
+        model_files=["config.json"],
+        token="s3cret",
+        status_extra=dict,
+        target_steps=3,
+    )
     sock = bind_socket("127.0.0.1", 0)
     server, thread = serve_in_thread(app, sock, (cert, key))
     yield f"https://127.0.0.1:{sock.getsockname()[1]}", cert, coord
@@ -115,7 +138,8 @@ def test_torrent_peers_find_each_other_through_the_https_tracker(https_learner, 
             time.sleep(0.2)
         assert leech.transfers[0].finished_at is not None, "the leecher never found the seed via the tracker"
         assert (tmp_path / "leech" / "v000000" / "model.safetensors").read_bytes() == (
-            vdir / "model.safetensors").read_bytes()
+            vdir / "model.safetensors"
+        ).read_bytes()
     finally:
         seed.close()
         leech.close()

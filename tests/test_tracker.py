@@ -43,7 +43,12 @@ def test_malformed_announce_gets_a_failure_reason():
 
 def test_non_numeric_left_or_numwant_gets_a_failure_reason_not_an_error():
     tracker = Tracker()
-    for bad in ({"left": b"lots"}, {"numwant": b"-1"}, {"numwant": b"1e9"}, {"left": "\u00e9".encode()},
-                {"left": b"9" * 5000}):
+    for bad in (
+        {"left": b"lots"},
+        {"numwant": b"-1"},
+        {"numwant": b"1e9"},
+        {"left": "\u00e9".encode()},
+        {"left": b"9" * 5000},
+    ):
         query = {"info_hash": b"a" * 20, "peer_id": b"p" * 20, "port": b"6881", **bad}
         assert b"failure reason" in tracker.announce(query, "127.0.0.1")

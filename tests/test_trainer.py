@@ -13,8 +13,16 @@ def tiny_model_dir(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     path = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path

@@ -27,28 +27,60 @@ def published(root, name: str, files: dict[str, int]):
 
 
 def policy_for(version: int, torrent, size: int, vdir) -> PolicyInfo:
-    return PolicyInfo(version=version, info_hash=torrent.info_hash, torrent_b64=torrent.b64,
-                      sha256=sha256_file(vdir / "model.safetensors"), size_bytes=size, published_at=0.0)
+    return PolicyInfo(
+        version=version,
+        info_hash=torrent.info_hash,
+        torrent_b64=torrent.b64,
+        sha256=sha256_file(vdir / "model.safetensors"),
+        size_bytes=size,
+        published_at=0.0,
+    )
 
 
 def join_response(**overrides) -> dict:
-    vdir_policy = {"version": 0, "info_hash": "ab" * 20, "torrent_b64": "eA==", "sha256": "cd" * 32,
-                   "size_bytes": 1, "published_at": 0.0}
-    body = {"worker_id": "w1", "session_token": "s", "tracker_key": "ab12", "run_id": "r", "task": "arithmetic",
-            "group_size": 8, "max_new_tokens": 16, "temperature": 1.0, "staleness": 2, "heartbeat_s": 2.0,
-            "model_files": ["config.json", "tokenizer.json"], "policy": vdir_policy}
+    vdir_policy = {
+        "version": 0,
+        "info_hash": "ab" * 20,
+        "torrent_b64": "eA==",
+        "sha256": "cd" * 32,
+        "size_bytes": 1,
+        "published_at": 0.0,
+    }
+    body = {
+        "worker_id": "w1",
+        "session_token": "s",
+        "tracker_key": "ab12",
+        "run_id": "r",
+        "task": "arithmetic",
+        "group_size": 8,
+        "max_new_tokens": 16,
+        "temperature": 1.0,
+        "staleness": 2,
+        "heartbeat_s": 2.0,
+        "model_files": ["config.json", "tokenizer.json"],
+        "policy": vdir_policy,
+    }
     return {**body, **overrides}
 
 
-@pytest.mark.parametrize("name", ["/home/u/.bashrc", "../../x.pth", "a/config.json", "x.pth", "", "..",
-                                  "config.json/../../x"])
+@pytest.mark.parametrize(
+    "name", ["/home/u/.bashrc", "../../x.pth", "a/config.json", "x.pth", "", "..", "config.json/../../x"]
+)
 def test_a_join_response_naming_a_file_outside_the_allow_list_fails_validation(name):
     with pytest.raises(ValidationError, match="model file"):
         JoinResponse.model_validate(join_response(model_files=["config.json", name]))
 
 
-@pytest.mark.parametrize("field,value", [("group_size", 10**9), ("max_new_tokens", 10**9), ("staleness", -1),
-                                         ("heartbeat_s", 0.0), ("tracker_key", "../x")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("group_size", 10**9),
+        ("max_new_tokens", 10**9),
+        ("staleness", -1),
+        ("heartbeat_s", 0.0),
+        ("tracker_key", "../x"),
+    ],
+)
 def test_a_join_response_with_values_out_of_bounds_fails_validation(field, value):
     with pytest.raises(ValidationError):
         JoinResponse.model_validate(join_response(**{field: value}))
@@ -97,6 +129,7 @@ def test_a_model_file_larger_than_the_cap_is_refused_without_reading_it_all():
             for _ in range(MAX_MODEL_FILE_BYTES // (1 << 20) + 8):
                 sent.append(1)
                 yield b"x" * (1 << 20)
+
         return httpx.Response(200, content=body())
 
     client = LearnerClient("http://learner", transport=httpx.MockTransport(huge))

@@ -108,8 +108,15 @@ class _Proc:
 
 
 def run_trial(
-    method: str, n: int, payload: Path, work: Path, *, up_mbps: float, worker_up_mbps: float,
-    worker_down_mbps: float, use_netns: bool,
+    method: str,
+    n: int,
+    payload: Path,
+    work: Path,
+    *,
+    up_mbps: float,
+    worker_up_mbps: float,
+    worker_down_mbps: float,
+    use_netns: bool,
 ) -> Row:
     """One distribution of `payload` to n fresh fetchers; returns its row."""
     py = [sys.executable, "-m", "echo2cli.broadcast.benchnode"]
@@ -163,7 +170,10 @@ def run_trial(
     size = payload.stat().st_size
     t_bcast = max(d["t_done"] for d in done) - go
     bound = lower_bound_s(
-        size, n, mbps_to_bytes_per_s(up_mbps), [mbps_to_bytes_per_s(worker_down_mbps)] * n,
+        size,
+        n,
+        mbps_to_bytes_per_s(up_mbps),
+        [mbps_to_bytes_per_s(worker_down_mbps)] * n,
         [mbps_to_bytes_per_s(worker_up_mbps)] * n,
     )
     uploaded = stats["bt_upload"] if method == "swarm" else stats["http_upload"]
@@ -171,9 +181,16 @@ def run_trial(
 
 
 def run_bench(
-    workers: list[int], *, up_mbps: float, worker_up_mbps: float | None = None,
-    worker_down_mbps: float | None = None, size_mb: float | None = None, methods: tuple[str, ...] = ("star", "swarm"),
-    mode: str = "auto", work_dir: Path | None = None, on_row: Callable[[Row], None] | None = None,
+    workers: list[int],
+    *,
+    up_mbps: float,
+    worker_up_mbps: float | None = None,
+    worker_down_mbps: float | None = None,
+    size_mb: float | None = None,
+    methods: tuple[str, ...] = ("star", "swarm"),
+    mode: str = "auto",
+    work_dir: Path | None = None,
+    on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     if up_mbps <= 0 or not workers or min(workers) < 1:
         raise ConfigError("--uplink-mbps must be positive and --workers a list of counts ≥ 1, e.g. 1,2,4,8")
@@ -193,8 +210,16 @@ def run_bench(
         payload = make_payload(work / "origin", size_mb)
         for n in workers:
             for method in methods:
-                row = run_trial(method, n, payload, work, up_mbps=up_mbps, worker_up_mbps=worker_up_mbps,
-                                worker_down_mbps=worker_down_mbps, use_netns=use_netns)
+                row = run_trial(
+                    method,
+                    n,
+                    payload,
+                    work,
+                    up_mbps=up_mbps,
+                    worker_up_mbps=worker_up_mbps,
+                    worker_down_mbps=worker_down_mbps,
+                    use_netns=use_netns,
+                )
                 rows.append(row)
                 if on_row:
                     on_row(row)

@@ -58,8 +58,11 @@ def encode_delta(
     z = zstandard.ZstdCompressor(level=level, threads=-1)
     blobs = [z.compress(np.packbits(changed).tobytes()), z.compress(np.ascontiguousarray(planes).tobytes())]
     header = {
-        "words": int(new.size), "changed": int(xor.size), "blob_bytes": [len(b) for b in blobs],
-        "base_sha256": base_sha256 or _sha256(old), "target_sha256": target_sha256 or _sha256(new),
+        "words": int(new.size),
+        "changed": int(xor.size),
+        "blob_bytes": [len(b) for b in blobs],
+        "base_sha256": base_sha256 or _sha256(old),
+        "target_sha256": target_sha256 or _sha256(new),
     }
     raw = json.dumps(header).encode()
     out.parent.mkdir(parents=True, exist_ok=True)

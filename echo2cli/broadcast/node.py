@@ -78,7 +78,11 @@ def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
 
 class TorrentNode:
     def __init__(
-        self, listen: str = "0.0.0.0:0", *, upload_limit_bytes_s: int = 0, download_limit_bytes_s: int = 0,
+        self,
+        listen: str = "0.0.0.0:0",
+        *,
+        upload_limit_bytes_s: int = 0,
+        download_limit_bytes_s: int = 0,
         tracker_key: str = "",
     ) -> None:
         """`tracker_key`: announce to `<the torrent's tracker URL>/<key>` (echo2's tracker wants it)."""
@@ -95,9 +99,7 @@ class TorrentNode:
             "enable_incoming_utp": False,
             "enable_outgoing_utp": False,
             "allow_multiple_connections_per_ip": True,
-            "alert_mask": int(
-                lt.alert_category.status | lt.alert_category.error | lt.alert_category.storage
-            ),
+            "alert_mask": int(lt.alert_category.status | lt.alert_category.error | lt.alert_category.storage),
             "max_allowed_in_request_queue": 16,
             "tick_interval": 100,
             "rate_limit_ip_overhead": False,
@@ -165,9 +167,7 @@ class TorrentNode:
     def seed(self, key: Hashable, torrent: bytes, save_path: Path) -> Transfer:
         return self._add(key, torrent, save_path, seed=True)
 
-    def fetch(
-        self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None
-    ) -> Transfer:
+    def fetch(self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None) -> Transfer:
         """Start downloading; `slot=(k, n)` asks for the k-th of n equal piece ranges first (see below)."""
         if key in self.transfers:
             return self.transfers[key]

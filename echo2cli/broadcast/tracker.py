@@ -66,9 +66,9 @@ class Tracker:
             return bencode({"failure reason": "left and numwant must be non-negative integers"})
         numwant = min(numwant, 200)
         swarm[peer_id] = (remote_ip, port, now, left)
-        peers = b"".join(
-            _compact(ip, p) for pid, (ip, p, _, _) in swarm.items() if pid != peer_id and _is_v4(ip)
-        )[: 6 * numwant]
+        peers = b"".join(_compact(ip, p) for pid, (ip, p, _, _) in swarm.items() if pid != peer_id and _is_v4(ip))[
+            : 6 * numwant
+        ]
         complete = sum(1 for (_, _, _, lft) in swarm.values() if lft == 0)
         return bencode(
             {

@@ -35,7 +35,7 @@ class Activation:
         self.t_train: deque[float] = deque(maxlen=T_TRAIN_WINDOW)
         self.members: frozenset[str] = frozenset()
         self.measured_ids: frozenset[str] = frozenset()
-        self.last_step = -10**9
+        self.last_step = -(10**9)
         self.log = MetricsWriter(log_path)
         self.metrics: dict[str, Any] = {}
         self.standby: frozenset[str] = frozenset()
@@ -51,8 +51,11 @@ class Activation:
         if members != self.members:
             joined = sorted(names[w] for w in members - self.members)
             gone = sorted(names[w] for w in self.members - members)
-            reason = "; ".join(filter(None, [f"joined: {', '.join(joined)}" if joined else "",
-                                             f"gone: {', '.join(gone)}" if gone else ""]))
+            reason = "; ".join(
+                filter(
+                    None, [f"joined: {', '.join(joined)}" if joined else "", f"gone: {', '.join(gone)}" if gone else ""]
+                )
+            )
         elif measured != self.measured_ids:
             reason = f"first throughput of: {', '.join(sorted(names[w] for w in measured - self.measured_ids))}"
         elif step - self.last_step >= self.cfg.plan_every:
@@ -70,8 +73,11 @@ class Activation:
             return None
         self.last_step = step
         live = [w for w in workers if w["active"]]
-        pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
-                for w in live if w["rollouts_per_s"]]
+        pool = [
+            WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
+            for w in live
+            if w["rollouts_per_s"]
+        ]
         names = {w["worker_id"]: w["name"] for w in live}
         # T_ready: T_bcast without waiting for a lease in progress (the model counts whole leases itself).
         # v0's includes the workers' engine start: steady state begins at v1.
@@ -82,10 +88,17 @@ class Activation:
             record["decision"] = "all active: waiting for measurements of T_train, T_bcast and mu_i"
         else:
             cfg = self.cfg
-            inp = PlanInputs(batch=cfg.prompts_per_step * cfg.group_size, t_train_s=statistics.median(self.t_train),
-                             t_bcast_s=statistics.median(bcast), staleness=cfg.staleness, kappa=cfg.kappa,
-                             gamma=cfg.gamma, lease_rollouts=cfg.group_size * 4, group_size=cfg.group_size,
-                             learner_usd_per_hour=cfg.learner_usd_per_hour)
+            inp = PlanInputs(
+                batch=cfg.prompts_per_step * cfg.group_size,
+                t_train_s=statistics.median(self.t_train),
+                t_bcast_s=statistics.median(bcast),
+                staleness=cfg.staleness,
+                kappa=cfg.kappa,
+                gamma=cfg.gamma,
+                lease_rollouts=cfg.group_size * 4,
+                group_size=cfg.group_size,
+                learner_usd_per_hour=cfg.learner_usd_per_hour,
+            )
             record["inputs"] = inp.__dict__
             try:
                 result = plan(inp, pool, rule=cfg.plan_rule)
@@ -94,15 +107,22 @@ class Activation:
             else:
                 standby = set(result.standby)
                 record.update(
-                    decision=("cheapest set reaching gamma*mu_min" if result.meets_target
-                              else "short of gamma*mu_min: every worker that helps is active"),
-                    mu_min=result.mu_min, mu_min_echo2=result.mu_min_echo2, target_mu=result.target_mu,
+                    decision=(
+                        "cheapest set reaching gamma*mu_min"
+                        if result.meets_target
+                        else "short of gamma*mu_min: every worker that helps is active"
+                    ),
+                    mu_min=result.mu_min,
+                    mu_min_echo2=result.mu_min_echo2,
+                    target_mu=result.target_mu,
                     predicted_bubble=result.recommended.bubble_ratio,
                     predicted_usd_per_step=result.recommended.usd_per_step,
                 )
                 self.metrics = {
-                    "plan/mu_min": result.mu_min, "plan/mu_min_echo2": result.mu_min_echo2,
-                    "plan/target_mu": result.target_mu, "plan/mu_active": result.recommended.mu_pool,
+                    "plan/mu_min": result.mu_min,
+                    "plan/mu_min_echo2": result.mu_min_echo2,
+                    "plan/target_mu": result.target_mu,
+                    "plan/mu_active": result.recommended.mu_pool,
                     "plan/predicted_bubble": result.recommended.bubble_ratio,
                 }
         self.coord.set_standby(standby)

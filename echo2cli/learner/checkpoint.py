@@ -45,8 +45,9 @@ def write_checkpoint(target: Path, write_files: Any, state: dict[str, Any]) -> P
     except Exception as exc:  # OSError; torch.save and safetensors report a failed write as their own errors
         shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(exc) or shutil.disk_usage(target.parent.parent).free < 64 << 20:
-            raise DiskFullError(f"disk full writing checkpoint {target}: free space or move --out "
-                                "(the previous checkpoint is intact)") from exc
+            raise DiskFullError(
+                f"disk full writing checkpoint {target}: free space or move --out (the previous checkpoint is intact)"
+            ) from exc
         raise Echo2Error(f"cannot write checkpoint {target}: {exc}") from exc
     old = target.with_name(target.name + ".old")
     if target.exists():  # the same step again (a resumed run's interruption): swap, then drop the old one
@@ -86,8 +87,10 @@ def find_checkpoint(path: Path) -> Path:
         return path
     found = complete_checkpoints(path)
     if not found:
-        raise ConfigError(f"no checkpoint in {path}: pass a run directory (with checkpoints/step_N/) "
-                          f"or a checkpoint directory holding {STATE_FILE}")
+        raise ConfigError(
+            f"no checkpoint in {path}: pass a run directory (with checkpoints/step_N/) "
+            f"or a checkpoint directory holding {STATE_FILE}"
+        )
     return found[-1]
 
 
@@ -98,15 +101,21 @@ def resume_check(saved: dict[str, Any], step: int, cfg: Any, had_token: bool = T
     """A resumed run may train longer or move ports, not change what its state means — nor come back open:
     a run that had a join token (`had_token`; assumed for checkpoints that do not say) needs one again."""
     if had_token and cfg.token is None and not cfg.insecure_no_token:
-        raise ConfigError("this run had a join token, and resuming without one would let anyone join: pass --token "
-                          "(or --token-file) with the run's secret, or --insecure-no-token if you mean it")
+        raise ConfigError(
+            "this run had a join token, and resuming without one would let anyone join: pass --token "
+            "(or --token-file) with the run's secret, or --insecure-no-token if you mean it"
+        )
     for key in FIXED_ON_RESUME:
         if key in saved and saved[key] != getattr(cfg, key):
-            raise ConfigError(f"cannot change {key} on resume ({saved[key]!r} in the checkpoint, "
-                              f"{getattr(cfg, key)!r} given): start a new run instead")
+            raise ConfigError(
+                f"cannot change {key} on resume ({saved[key]!r} in the checkpoint, "
+                f"{getattr(cfg, key)!r} given): start a new run instead"
+            )
     if step >= cfg.steps:
-        raise ConfigError(f"the checkpoint is at step {step} and the run has {cfg.steps} steps: "
-                          f"pass --steps N with N > {step} to train further")
+        raise ConfigError(
+            f"the checkpoint is at step {step} and the run has {cfg.steps} steps: "
+            f"pass --steps N with N > {step} to train further"
+        )
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

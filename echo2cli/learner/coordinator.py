@@ -194,8 +194,14 @@ class Coordinator:
         """`max_model_len`: the worker's engine context (prompt + completion); None = not limited."""
         with self.lock:
             worker_id = uuid.uuid4().hex[:12]
-            self.workers[worker_id] = _Worker(name, usd_per_hour, self.clock(), session_token=secrets.token_urlsafe(24),
-                                              tracker_key=secrets.token_hex(16), max_model_len=max_model_len)
+            self.workers[worker_id] = _Worker(
+                name,
+                usd_per_hour,
+                self.clock(),
+                session_token=secrets.token_urlsafe(24),
+                tracker_key=secrets.token_hex(16),
+                max_model_len=max_model_len,
+            )
             return worker_id
 
     def session_owner(self, token: str) -> str | None:
@@ -215,7 +221,8 @@ class Coordinator:
         """The tracker serves the learner's own node and workers that joined and have not left."""
         with self.lock:
             return same_secret(key, self.learner_tracker_key) or any(
-                not w.left and same_secret(w.tracker_key, key) for w in self.workers.values())
+                not w.left and same_secret(w.tracker_key, key) for w in self.workers.values()
+            )
 
     def known(self, worker_id: str) -> bool:
         return worker_id in self.workers and not self.workers[worker_id].left
@@ -251,15 +258,14 @@ class Coordinator:
 
     def active_workers(self) -> list[str]:
         now = self.clock()
-        return [
-            wid for wid, w in self.workers.items() if not w.left and now - w.last_seen < 3 * self.heartbeat_s
-        ]
+        return [wid for wid, w in self.workers.items() if not w.left and now - w.last_seen < 3 * self.heartbeat_s]
 
     # -- leases --------------------------------------------------------------------------------------
 
     def _next_prompt(self, context: int | None) -> int | None:
         """The oldest queued prompt that fits a worker's context (prompt + max_new_tokens <= context), else a
         new one. Prompts that do not fit stay queued, in order, for a worker with a longer context."""
+
         def fits(prompt_id: int) -> bool:
             return context is None or len(self.prompt_ids[prompt_id]) + self.max_new_tokens <= context
 
@@ -296,16 +302,22 @@ class Coordinator:
         with self.lock:
             if version > self.version:  # never published: a lag below 0 would make the room unbounded
                 self.workers[worker_id].last_seen = self.clock()
-                return LeaseResponse(status="update", latest_version=self.version,
-                                     detail=f"version {version} was never published (the learner is at "
-                                     f"{self.version}): load {self.version}")
+                return LeaseResponse(
+                    status="update",
+                    latest_version=self.version,
+                    detail=f"version {version} was never published (the learner is at "
+                    f"{self.version}): load {self.version}",
+                )
             self._saw(worker_id, version)
             self.expire_leases()
             if self.finished:
                 return LeaseResponse(status="finished", latest_version=self.version)
             if self.workers[worker_id].standby:
-                return LeaseResponse(status="standby", latest_version=self.version,
-                                     detail="on standby: the active workers already keep the learner busy")
+                return LeaseResponse(
+                    status="standby",
+                    latest_version=self.version,
+                    detail="on standby: the active workers already keep the learner busy",
+                )
             if self.version - version > self.S:
                 return LeaseResponse(
                     status="update",
@@ -319,16 +331,22 @@ class Coordinator:
             held = sum(len(ls.outstanding) for ls in self.leases.values() if ls.worker_id == worker_id)
             cap = self._lease_cap(self.workers[worker_id], lag)
             if cap == 0:
-                return LeaseResponse(status="wait", latest_version=self.version,
-                                     detail="too slow for S: one group would be stale before it came back")
+                return LeaseResponse(
+                    status="wait",
+                    latest_version=self.version,
+                    detail="too slow for S: one group would be stale before it came back",
+                )
             n = min(max_prompts, room, cap - held)
             if n <= 0:
                 return LeaseResponse(status="wait", latest_version=self.version)
             context = self.workers[worker_id].max_model_len
             ids = [i for i in (self._next_prompt(context) for _ in range(n)) if i is not None]
             if not ids:
-                return LeaseResponse(status="wait", latest_version=self.version,
-                                     detail=f"no queued prompt fits this worker's context of {context} tokens")
+                return LeaseResponse(
+                    status="wait",
+                    latest_version=self.version,
+                    detail=f"no queued prompt fits this worker's context of {context} tokens",
+                )
             n = len(ids)
             self.ledger["leased"] += n
             lease_id = uuid.uuid4().hex[:16]
@@ -388,8 +406,9 @@ class Coordinator:
                 return "log-probs must be finite and <= 0"
         return ""
 
-    def _verdict(self, prompt_id: int, samples: list[Sample], leased: bool, version_ok: bool, stale: bool,
-                 revoked: bool = False) -> str:
+    def _verdict(
+        self, prompt_id: int, samples: list[Sample], leased: bool, version_ok: bool, stale: bool, revoked: bool = False
+    ) -> str:
         """'' to admit the group, else the machine-readable reason it is rejected."""
         if prompt_id in self.done:
             return "duplicate"
@@ -415,13 +434,19 @@ class Coordinator:
             by_prompt.setdefault(s.prompt_id, []).append(s)
         with self.lock:
             lease, version_ok, stale = self._lease_of(batch)
-            admissible = [pid for pid, samples in by_prompt.items()
-                          if not self._verdict(pid, samples, lease is not None and pid in lease.outstanding,
-                                               version_ok, stale)]
+            admissible = [
+                pid
+                for pid, samples in by_prompt.items()
+                if not self._verdict(pid, samples, lease is not None and pid in lease.outstanding, version_ok, stale)
+            ]
             problems = {pid: self.problems[pid] for pid in admissible}
-        scores = {pid: self.score(problems[pid], [self.decode(s.completion_token_ids) for s in
-                                                  sorted(by_prompt[pid], key=lambda s: s.sample_idx)])
-                  for pid in admissible}
+        scores = {
+            pid: self.score(
+                problems[pid],
+                [self.decode(s.completion_token_ids) for s in sorted(by_prompt[pid], key=lambda s: s.sample_idx)],
+            )
+            for pid in admissible
+        }
         with self.lock:
             self._saw(batch.worker_id, -1)
             worker = self.workers[batch.worker_id]
@@ -430,8 +455,14 @@ class Coordinator:
             self._unservable(worker, lease, batch.unservable)
             for prompt_id, samples in by_prompt.items():
                 leased = lease is not None and prompt_id in lease.outstanding
-                reason = self._verdict(prompt_id, samples, leased, version_ok, stale,
-                                       revoked=self.revoked.get(batch.lease_id) == batch.worker_id)
+                reason = self._verdict(
+                    prompt_id,
+                    samples,
+                    leased,
+                    version_ok,
+                    stale,
+                    revoked=self.revoked.get(batch.lease_id) == batch.worker_id,
+                )
                 if not reason and prompt_id not in scores:
                     reason = "late"  # admissible only now: its lease was re-granted while we scored
                 if not reason:
@@ -521,14 +552,26 @@ class Coordinator:
             outstanding = {i for ls in self.leases.values() for i in ls.outstanding}
             held = self.trained_ids | set(self.training_ids) | {g.prompt_id for g in self.ready} | outstanding
             held |= set(self.pending) | self.skipped
-            return {"prompts": len(self.problems), "trained": len(self.trained_ids),
-                    "trained_twice": self.counters["trained_twice"],
-                    "lost": [i for i in range(len(self.problems)) if i not in held]}
+            return {
+                "prompts": len(self.problems),
+                "trained": len(self.trained_ids),
+                "trained_twice": self.counters["trained_twice"],
+                "lost": [i for i in range(len(self.problems)) if i not in held],
+            }
 
     def _accept(self, prompt_id: int, batch: RolloutBatch, samples: list[Sample], scores: list[Score]) -> None:
         samples = sorted(samples, key=lambda s: s.sample_idx)
-        self.ready.append(Group(prompt_id, batch.version, self.prompt_ids[prompt_id], samples,
-                                [s.reward for s in scores], batch.worker_id, [dict(s.components) for s in scores]))
+        self.ready.append(
+            Group(
+                prompt_id,
+                batch.version,
+                self.prompt_ids[prompt_id],
+                samples,
+                [s.reward for s in scores],
+                batch.worker_id,
+                [dict(s.components) for s in scores],
+            )
+        )
         self.done.add(prompt_id)
         self.counters["reward_errors"] += sum(1 for s in scores if s.components.get("error"))
         self.counters["reward_timeouts"] += sum(1 for s in scores if s.components.get("timeout"))
@@ -546,10 +589,17 @@ class Coordinator:
                 "leased_out": sorted(i for ls in self.leases.values() for i in ls.outstanding),
                 "done": sorted(self.done),
                 "trained": sorted(self.trained_ids),
-                "ready": [{"prompt_id": g.prompt_id, "version": g.version, "worker_id": g.worker_id,
-                           "rewards": g.rewards, "components": g.components,
-                           "samples": [s.model_dump() for s in g.samples]}
-                          for g in self.ready],
+                "ready": [
+                    {
+                        "prompt_id": g.prompt_id,
+                        "version": g.version,
+                        "worker_id": g.worker_id,
+                        "rewards": g.rewards,
+                        "components": g.components,
+                        "samples": [s.model_dump() for s in g.samples],
+                    }
+                    for g in self.ready
+                ],
                 "ledger": dict(self.ledger),
                 "counters": dict(self.counters),
             }
@@ -566,10 +616,17 @@ class Coordinator:
             self.done = {int(i) for i in state["done"]}
             self.trained_ids = {int(i) for i in state["trained"]}
             self.ready = deque(
-                Group(g["prompt_id"], g["version"], self.prompt_ids[g["prompt_id"]],
-                      [Sample.model_validate(s) for s in g["samples"]], g["rewards"], g["worker_id"],
-                      g.get("components", []))
-                for g in state["ready"])
+                Group(
+                    g["prompt_id"],
+                    g["version"],
+                    self.prompt_ids[g["prompt_id"]],
+                    [Sample.model_validate(s) for s in g["samples"]],
+                    g["rewards"],
+                    g["worker_id"],
+                    g.get("components", []),
+                )
+                for g in state["ready"]
+            )
             self.ledger = Counter(state["ledger"])
             self.ledger["returned"] += len(leased_out)  # their workers join again; the prompts are leased again
             self.counters = Counter(state["counters"])
@@ -643,15 +700,18 @@ class Coordinator:
             live = [self.workers[w] for w in self.active_workers()]
             newly = []
             for v, policy in self.policies.items():
-                active = [w for w in live if w.first_seen_with and min(w.first_seen_with.values())
-                          <= policy.published_at] or live
+                active = [
+                    w for w in live if w.first_seen_with and min(w.first_seen_with.values()) <= policy.published_at
+                ] or live
                 if v in self.bcast_s or not active:
                     continue
                 firsts = [min((t for x, t in w.first_seen_with.items() if x >= v), default=None) for w in active]
                 if all(t is not None for t in firsts):
                     self.bcast_s[v] = max(0.0, max(firsts) - policy.published_at)
-                    ready = [min([t for x, t in w.first_ready_with.items() if x >= v] + [first])
-                             for w, first in zip(active, firsts, strict=True)]
+                    ready = [
+                        min([t for x, t in w.first_ready_with.items() if x >= v] + [first])
+                        for w, first in zip(active, firsts, strict=True)
+                    ]
                     swap = max(w.swap_s for w in active)
                     self.ready_s[v] = min(self.bcast_s[v], max(0.0, max(ready) - policy.published_at) + swap)
                     newly.append(v)
@@ -667,10 +727,17 @@ class Coordinator:
         with self.lock:
             active = set(self.active_workers())
             return [
-                {"worker_id": wid, "name": w.name, "usd_per_hour": w.usd_per_hour, "active": wid in active,
-                 "standby": w.standby, "leases": w.leases, "rollouts": w.rollouts,
-                 "rollouts_per_s": _rate(w.recent),
-                 "lease_rollouts": sum(n for n, _ in w.recent) / len(w.recent) if w.recent else None}
+                {
+                    "worker_id": wid,
+                    "name": w.name,
+                    "usd_per_hour": w.usd_per_hour,
+                    "active": wid in active,
+                    "standby": w.standby,
+                    "leases": w.leases,
+                    "rollouts": w.rollouts,
+                    "rollouts_per_s": _rate(w.recent),
+                    "lease_rollouts": sum(n for n, _ in w.recent) / len(w.recent) if w.recent else None,
+                }
                 for wid, w in self.workers.items()
             ]
 

@@ -52,9 +52,21 @@ from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.units import mbps_to_bytes_per_s
 
 SCALARS_IN_STATUS = (
-    "rollout/reward_mean", "learner/t_train_s", "learner/t_wait_s", "bcast/t_s", "bcast/version",
-    "learner/bubble_ratio", "bcast/upload_ratio", "rollout/staleness_max", "train/loss", "time_s",
-    "plan/mu_min", "plan/mu_min_echo2", "plan/active_workers", "plan/standby_workers", "cost/usd_per_step",
+    "rollout/reward_mean",
+    "learner/t_train_s",
+    "learner/t_wait_s",
+    "bcast/t_s",
+    "bcast/version",
+    "learner/bubble_ratio",
+    "bcast/upload_ratio",
+    "rollout/staleness_max",
+    "train/loss",
+    "time_s",
+    "plan/mu_min",
+    "plan/mu_min_echo2",
+    "plan/active_workers",
+    "plan/standby_workers",
+    "cost/usd_per_step",
 )
 
 
@@ -73,8 +85,11 @@ def serve_in_thread(app: Any, sock: socket.socket, tls: tuple[Path, Path] | None
     import uvicorn
 
     cert, key = tls or (None, None)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
-                                           ssl_certfile=cert, ssl_keyfile=key))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_keep_alive=30, ssl_certfile=cert, ssl_keyfile=key
+        )
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
     thread.start()
     while not server.started and thread.is_alive():
@@ -143,15 +158,28 @@ class Learner:
 
             torch.set_num_threads(cfg.torch_threads)
         self.trainer = Trainer(
-            self.model_dir, lr=cfg.lr, clip_eps=cfg.clip_eps, is_cap=cfg.is_cap, kl_coef=cfg.kl_coef,
-            max_grad_norm=cfg.max_grad_norm, micro_batch=cfg.micro_batch, temperature=cfg.temperature,
+            self.model_dir,
+            lr=cfg.lr,
+            clip_eps=cfg.clip_eps,
+            is_cap=cfg.is_cap,
+            kl_coef=cfg.kl_coef,
+            max_grad_norm=cfg.max_grad_norm,
+            micro_batch=cfg.micro_batch,
+            temperature=cfg.temperature,
         )
         self.coord = Coordinator(
-            task, encode_prompt=lambda messages: encode_chat(tok, messages),
+            task,
+            encode_prompt=lambda messages: encode_chat(tok, messages),
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            group_size=cfg.group_size, staleness=cfg.staleness, prompts_per_step=cfg.prompts_per_step,
-            max_new_tokens=cfg.max_new_tokens, vocab_size=int(self.trainer.model.config.vocab_size),
-            lease_timeout_s=cfg.lease_timeout_s, heartbeat_s=cfg.heartbeat_s, seed=cfg.seed, score=self.scorer,
+            group_size=cfg.group_size,
+            staleness=cfg.staleness,
+            prompts_per_step=cfg.prompts_per_step,
+            max_new_tokens=cfg.max_new_tokens,
+            vocab_size=int(self.trainer.model.config.vocab_size),
+            lease_timeout_s=cfg.lease_timeout_s,
+            heartbeat_s=cfg.heartbeat_s,
+            seed=cfg.seed,
+            score=self.scorer,
             max_seq_len=getattr(self.trainer.model.config, "max_position_embeddings", None),
         )
         if resume_from is not None:
@@ -163,10 +191,17 @@ class Learner:
             check_server_files(*self.tls)
             trust_for_torrents(cfg.tls_cert, self.out)  # our own node announces to our https tracker
         self.url = cfg.public_url or f"{'https' if self.tls else 'http'}://{host}:{port}"
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
-                                tracker_key=self.coord.learner_tracker_key)
+        self.node = TorrentNode(
+            cfg.bt_listen,
+            upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
+            tracker_key=self.coord.learner_tracker_key,
+        )
         self.publisher = Publisher(
-            self.trainer, self.node, self.coord, self.out / VERSIONS_DIR, f"{self.url}/announce",
+            self.trainer,
+            self.node,
+            self.coord,
+            self.out / VERSIONS_DIR,
+            f"{self.url}/announce",
             keep=cfg.staleness + 1,
         )
         self._trim_metrics()
@@ -216,8 +251,12 @@ class Learner:
         if not self.coord.bcast_s:
             return {}
         v = max(self.coord.bcast_s)
-        return {"bcast/version": v, "bcast/t_s": self.coord.bcast_s[v], "bcast/t_ready_s": self.coord.ready_s[v],
-                "bcast/upload_ratio": self.upload_ratio.get(v)}
+        return {
+            "bcast/version": v,
+            "bcast/t_s": self.coord.bcast_s[v],
+            "bcast/t_ready_s": self.coord.ready_s[v],
+            "bcast/upload_ratio": self.upload_ratio.get(v),
+        }
 
     def _delta_metrics(self, version: int) -> dict[str, Any]:
         stats = self.publisher.delta_stats.get(version)
@@ -228,9 +267,15 @@ class Learner:
 
     def checkpoint(self, step: int) -> Path:
         """Between steps: weights and optimizer at version `step`, RNG, coordinator state, resolved config."""
-        state = {"step": step, "version": step, "run_id": self.run_id, "time": time.time(),
-                 "token_required": self.cfg.token is not None,
-                 "config": self.cfg.model_dump(mode="json"), "coordinator": self.coord.state_dict()}
+        state = {
+            "step": step,
+            "version": step,
+            "run_id": self.run_id,
+            "time": time.time(),
+            "token_required": self.cfg.token is not None,
+            "config": self.cfg.model_dump(mode="json"),
+            "coordinator": self.coord.state_dict(),
+        }
 
         def write_files(tmp: Path) -> None:
             self.trainer.save_checkpoint(tmp)
@@ -244,8 +289,11 @@ class Learner:
         """A resumed run rewrites the steps after its checkpoint: drop their old lines."""
         path = self.out / "metrics.jsonl"
         if path.exists():
-            keep = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", -1) < self.start_step]
+            keep = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", -1) < self.start_step
+            ]
             path.write_text("".join(line + "\n" for line in keep))
 
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -253,13 +301,22 @@ class Learner:
         shutil.rmtree(self.out / VERSIONS_DIR, ignore_errors=True)  # a previous run's versions: never served again
         self.publisher.publish(self.start_step)
         join_info = dict(
-            task=cfg.task, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, staleness=cfg.staleness, heartbeat_s=cfg.heartbeat_s,
+            task=cfg.task,
+            group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            staleness=cfg.staleness,
+            heartbeat_s=cfg.heartbeat_s,
             model_files=self._model_files(),
         )
         app = build_app(
-            self.coord, run_id=self.run_id, join_info=join_info, model_dir=self.model_dir,
-            model_files=self._model_files(), token=cfg.token, status_extra=self._status_extra,
+            self.coord,
+            run_id=self.run_id,
+            join_info=join_info,
+            model_dir=self.model_dir,
+            model_files=self._model_files(),
+            token=cfg.token,
+            status_extra=self._status_extra,
             target_steps=cfg.steps,
         )
         server, thread = serve_in_thread(app, self.sock, self.tls)
@@ -297,34 +354,37 @@ class Learner:
                 self._tick(version)
                 now = time.time()
                 c = self.coord.counters
-                record.update({
-                    "version": version,
-                    "time_s": now - t_start,
-                    "learner/t_wait_s": t_wait,
-                    "learner/t_publish_s": now - t1,
-                    "learner/t_busy_s": now - t0 - t_wait,  # T_train of the capacity model
-                    "learner/bubble_ratio": waited_steady / max(now - steady_since, 1e-9),
-                    "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
-                    "rollout/stale_dropped_total": c["stale_samples"],
-                    "rollout/duplicate_total": c["duplicate_samples"],
-                    "rollout/invalid_total": c["invalid_samples"],
-                    "rollout/leases_expired_total": c["leases_expired"],
-                    "reward/errors_total": c["reward_errors"],
-                    "reward/timeouts_total": c["reward_timeouts"],
-                    **{f"ledger/{k}": v for k, v in self.coord.accounting().items()},
-                    "workers/active": len(self.coord.active_workers()),
-                    **self._bcast_metrics(),
-                    **self._delta_metrics(version),
-                    **self.activation.metrics,
-                    "cost/usd_per_step": self._usd_per_hour() * (now - t0) / 3600.0,
-                })
+                record.update(
+                    {
+                        "version": version,
+                        "time_s": now - t_start,
+                        "learner/t_wait_s": t_wait,
+                        "learner/t_publish_s": now - t1,
+                        "learner/t_busy_s": now - t0 - t_wait,  # T_train of the capacity model
+                        "learner/bubble_ratio": waited_steady / max(now - steady_since, 1e-9),
+                        "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
+                        "rollout/stale_dropped_total": c["stale_samples"],
+                        "rollout/duplicate_total": c["duplicate_samples"],
+                        "rollout/invalid_total": c["invalid_samples"],
+                        "rollout/leases_expired_total": c["leases_expired"],
+                        "reward/errors_total": c["reward_errors"],
+                        "reward/timeouts_total": c["reward_timeouts"],
+                        **{f"ledger/{k}": v for k, v in self.coord.accounting().items()},
+                        "workers/active": len(self.coord.active_workers()),
+                        **self._bcast_metrics(),
+                        **self._delta_metrics(version),
+                        **self.activation.metrics,
+                        "cost/usd_per_step": self._usd_per_hour() * (now - t0) / 3600.0,
+                    }
+                )
                 # the model's T_train is all the learner's busy time per step: training plus publishing
                 record.update(self.evals.poll())
                 self.activation.observe_step(record["learner/t_busy_s"])
                 self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
                 self.metrics.write(record)
-                self.mismatch.write({"step": t, "tokens": [{**o, "staleness": t - o["version"]}
-                                                           for o in self.trainer.outliers]})
+                self.mismatch.write(
+                    {"step": t, "tokens": [{**o, "staleness": t - o["version"]} for o in self.trainer.outliers]}
+                )
                 self.last = record
                 if on_step:
                     on_step(record)
@@ -352,12 +412,20 @@ class Learner:
             self.scorer.close()
             self.evals.close()
         summary = {
-            "run_id": self.run_id, "steps": cfg.steps, "wall_s": time.time() - t_start,
-            "start_step": self.start_step, "stopped_at": stopped_at,
-            "checkpoint": str(final), "metrics": str(self.metrics.path),
-            "ledger": self.coord.accounting(), "audit": self.coord.audit(),
-            "rejected_samples": {k.removeprefix("rejected_").removesuffix("_samples"): v
-                                 for k, v in sorted(self.coord.counters.items()) if k.startswith("rejected_")},
+            "run_id": self.run_id,
+            "steps": cfg.steps,
+            "wall_s": time.time() - t_start,
+            "start_step": self.start_step,
+            "stopped_at": stopped_at,
+            "checkpoint": str(final),
+            "metrics": str(self.metrics.path),
+            "ledger": self.coord.accounting(),
+            "audit": self.coord.audit(),
+            "rejected_samples": {
+                k.removeprefix("rejected_").removesuffix("_samples"): v
+                for k, v in sorted(self.coord.counters.items())
+                if k.startswith("rejected_")
+            },
             "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
             "bcast_ready_s": {str(k): v for k, v in sorted(self.coord.ready_s.items())},
             "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},

@@ -41,9 +41,28 @@ class PeriodicEval:
         model_dir_with_weights(mdir, self.model_dir, weights)
         cfg = self.cfg
         options = [f"--option={k}={json.dumps(v)}" for k, v in cfg.task_options.items()]
-        argv = [sys.executable, "-m", "echo2cli", "eval", "--model", str(mdir), "--task", cfg.task, *options,
-                "--limit", str(cfg.eval_limit), "--k", str(cfg.eval_k), "--max-new-tokens", str(cfg.max_new_tokens),
-                "--seed", str(cfg.seed), "--out", str(self._file(version, ".json")), "--json"]
+        argv = [
+            sys.executable,
+            "-m",
+            "echo2cli",
+            "eval",
+            "--model",
+            str(mdir),
+            "--task",
+            cfg.task,
+            *options,
+            "--limit",
+            str(cfg.eval_limit),
+            "--k",
+            str(cfg.eval_k),
+            "--max-new-tokens",
+            str(cfg.max_new_tokens),
+            "--seed",
+            str(cfg.seed),
+            "--out",
+            str(self._file(version, ".json")),
+            "--json",
+        ]
         with open(self._file(version, ".log"), "w") as log:  # the child keeps its own handle
             self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
 

@@ -67,17 +67,25 @@ class Publisher:
         t0 = time.perf_counter()
         delta = VersionKey(version, delta=True)
         header = encode_delta(
-            VersionKey(base).path(self.root), VersionKey(version).path(self.root), delta.path(self.root),
-            base_sha256=self.hashes[base], target_sha256=self.hashes[version],
+            VersionKey(base).path(self.root),
+            VersionKey(version).path(self.root),
+            delta.path(self.root),
+            base_sha256=self.hashes[base],
+            target_sha256=self.hashes[version],
         )
         torrent = make_torrent(delta.dir(self.root), self.tracker_url)
         self.node.seed(delta, torrent.data, self.root)
         self.delta_stats[version] = {
-            "delta_bytes": header["delta_bytes"], "full_bytes": header["full_bytes"],
+            "delta_bytes": header["delta_bytes"],
+            "full_bytes": header["full_bytes"],
             "encode_s": time.perf_counter() - t0,
         }
-        return {"delta_base": base, "delta_info_hash": torrent.info_hash, "delta_torrent_b64": torrent.b64,
-                "delta_size_bytes": header["delta_bytes"]}
+        return {
+            "delta_base": base,
+            "delta_info_hash": torrent.info_hash,
+            "delta_torrent_b64": torrent.b64,
+            "delta_size_bytes": header["delta_bytes"],
+        }
 
     def weights_path(self, version: int) -> Path:
         return VersionKey(version).path(self.root)

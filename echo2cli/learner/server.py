@@ -44,8 +44,9 @@ from echo2cli.protocol import (
     compatible,
 )
 
-JOIN_TOKEN_MISSING = ("wrong or missing join token: pass --token (or ECHO2_TOKEN, or --token-file) with the "
-                      "learner's secret")
+JOIN_TOKEN_MISSING = (
+    "wrong or missing join token: pass --token (or ECHO2_TOKEN, or --token-file) with the learner's secret"
+)
 SESSION_TOKEN_MISSING = "wrong or missing session token: use the one /v1/join returned (join again)"
 READER_TOKEN_MISSING = "wrong or missing token: pass the learner's join token, or join again for a session token"
 
@@ -84,16 +85,22 @@ def build_app(
             return None  # read-only calls, /docs and /openapi.json
         return 401, READER_TOKEN_MISSING
 
-    app.add_middleware(RequestGuard, authorize=authorize,
-                       limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY)
+    app.add_middleware(
+        RequestGuard,
+        authorize=authorize,
+        limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY,
+    )
 
     @app.exception_handler(RequestValidationError)
     def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's default echoes the offending input back, and an input such as 1e400 (inf) cannot be
         # written as JSON: that turned a client's bad body into a 500. Send location and message only.
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-                  for e in exc.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
         return JSONResponse({"detail": errors}, status_code=422)
+
     tracker = Tracker()
     tracker_lock = threading.Lock()
 
@@ -116,8 +123,10 @@ def build_app(
     def worker_auth(worker_id: str, authorization: str | None) -> None:
         """Calls made as a worker: its own session token (from join), and nobody else's."""
         if coord.cut_off(worker_id):
-            raise HTTPException(403, f"worker {worker_id} was cut off after {coord.max_bad_batches} batches of "
-                                "invalid rollouts in a row")
+            raise HTTPException(
+                403,
+                f"worker {worker_id} was cut off after {coord.max_bad_batches} batches of invalid rollouts in a row",
+            )
         if not coord.known(worker_id):
             raise HTTPException(404, f"unknown worker {worker_id}: join again")
         owner = coord.session_owner(bearer(authorization))
@@ -129,12 +138,21 @@ def build_app(
     @app.post(f"{API}/join", dependencies=[Depends(join_auth)])
     def join(req: JoinRequest) -> JoinResponse:
         if not compatible(req.echo2_version, __version__):
-            raise HTTPException(409, f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner "
-                                f"{__version__}: install the same version on both")
+            raise HTTPException(
+                409,
+                f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner "
+                f"{__version__}: install the same version on both",
+            )
         worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
         w = coord.workers[worker_id]
-        return JoinResponse(worker_id=worker_id, session_token=w.session_token, tracker_key=w.tracker_key,
-                            run_id=run_id, policy=coord.latest_policy(worker_id), **join_info)
+        return JoinResponse(
+            worker_id=worker_id,
+            session_token=w.session_token,
+            tracker_key=w.tracker_key,
+            run_id=run_id,
+            policy=coord.latest_policy(worker_id),
+            **join_info,
+        )
 
     @app.get(f"{API}/model/files/{{name}}", dependencies=[Depends(reader_auth)])
     def model_file(name: str) -> FileResponse:
@@ -185,8 +203,9 @@ def build_app(
     def announce(key: str, request: Request) -> Response:
         """The tracker serves only the learner's node and joined workers, each announcing with its key."""
         if not coord.tracker_key_ok(key):
-            return Response(bencode({"failure reason": "not a joined peer: join the learner first"}),
-                            media_type="text/plain")
+            return Response(
+                bencode({"failure reason": "not a joined peer: join the learner first"}), media_type="text/plain"
+            )
         query = parse_announce(request.scope.get("query_string", b""))
         remote = request.client.host if request.client else "127.0.0.1"
         with tracker_lock:

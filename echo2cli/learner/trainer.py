@@ -106,9 +106,7 @@ class Trainer:
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
-        rows = [
-            (g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples
-        ]
+        rows = [(g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples]
         origin = [(g, s) for g in groups for s in g.samples]
         self.outliers = []  # the tokens where trainer and engine disagree most (`worst_tokens`)
         total_tokens = sum(len(c) for _, c, _ in rows)
@@ -124,16 +122,31 @@ class Trainer:
                     ref_logp = self._token_logp(self.ref, ids, attn, mask)
             for row, pos, log_w in worst_tokens(logp, behaviour, mask):
                 g, s = origin[start + row]
-                self.outliers.append({
-                    "log_w": log_w, "behaviour_logp": s.logprobs[pos], "trainer_logp": s.logprobs[pos] + log_w,
-                    "token": s.completion_token_ids[pos], "position": pos, "length": len(s.completion_token_ids),
-                    "finish_reason": s.finish_reason, "version": g.version, "worker_id": g.worker_id,
-                    "prompt_id": g.prompt_id, "sample_idx": s.sample_idx,
-                })
+                self.outliers.append(
+                    {
+                        "log_w": log_w,
+                        "behaviour_logp": s.logprobs[pos],
+                        "trainer_logp": s.logprobs[pos] + log_w,
+                        "token": s.completion_token_ids[pos],
+                        "position": pos,
+                        "length": len(s.completion_token_ids),
+                        "finish_reason": s.finish_reason,
+                        "version": g.version,
+                        "worker_id": g.worker_id,
+                        "prompt_id": g.prompt_id,
+                        "sample_idx": s.sample_idx,
+                    }
+                )
             adv = advantages[start : start + len(chunk)].to(self.device)
             loss, metrics = grpo_loss(
-                logp, behaviour, adv, mask,
-                clip_eps=self.clip_eps, is_cap=self.is_cap, ref_logp=ref_logp, kl_coef=self.kl_coef,
+                logp,
+                behaviour,
+                adv,
+                mask,
+                clip_eps=self.clip_eps,
+                is_cap=self.is_cap,
+                ref_logp=ref_logp,
+                kl_coef=self.kl_coef,
             )
             share = float(mask.sum()) / max(total_tokens, 1)
             (loss * share).backward()
@@ -186,17 +199,21 @@ class Trainer:
         state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
-            raise ValueError(f"checkpoint weights do not fit the model: missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]}")
+            raise ValueError(
+                f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
         # weights_only: tensors, numbers and containers only. A checkpoint directory is data; with pickle's
         # defaults a crafted optimizer.pt or rng.pt would run code when loaded.
         try:
-            self.opt.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
-                                                weights_only=True))
+            self.opt.load_state_dict(
+                torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+            )
             rng = torch.load(directory / "rng.pt", weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise ValueError(f"{directory} holds a pickle that is not plain tensors and numbers: not loading it "
-                             f"({str(exc).splitlines()[0][:120]})") from exc
+            raise ValueError(
+                f"{directory} holds a pickle that is not plain tensors and numbers: not loading it "
+                f"({str(exc).splitlines()[0][:120]})"
+            ) from exc
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():

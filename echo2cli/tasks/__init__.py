@@ -40,8 +40,9 @@ def chat(user: str, system: str | None = None) -> tuple[dict[str, str], ...]:
 def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Chat messages as the token ids the engine continues: the model's chat template, assistant turn opened.
     The learner encodes every prompt once, so workers and the trainer see the same ids."""
-    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                              return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,7 @@ def load_task(spec: str, options: Mapping[str, Any] | None = None) -> Task:
     builtins = builtin_tasks()
     path = builtins.get(spec, spec)
     if ":" not in path:
-        raise ConfigError(
-            f"unknown task {spec!r}: use one of {sorted(builtins)} or 'package.module:ClassName'"
-        )
+        raise ConfigError(f"unknown task {spec!r}: use one of {sorted(builtins)} or 'package.module:ClassName'")
     module_name, _, class_name = path.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)

@@ -72,8 +72,12 @@ class LearnerClient:
         delay = 0.25
         while True:
             try:
-                resp = self.http.request(method, path, content=body.model_dump_json() if body else None,
-                                         headers={"Content-Type": "application/json"} if body else None)
+                resp = self.http.request(
+                    method,
+                    path,
+                    content=body.model_dump_json() if body else None,
+                    headers={"Content-Type": "application/json"} if body else None,
+                )
                 if resp.status_code < 500:
                     break
                 problem = f"HTTP {resp.status_code}"
@@ -81,7 +85,8 @@ class LearnerClient:
                 if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                     raise LearnerUnreachable(
                         f"cannot verify the TLS certificate of {self.url}: pass --ca-cert with the learner's "
-                        "certificate (or the CA that signed it)") from exc
+                        "certificate (or the CA that signed it)"
+                    ) from exc
                 problem = type(exc).__name__
                 if self.url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError):
                     problem += "; if the learner serves TLS, the URL starts with https://"

@@ -119,8 +119,9 @@ class Engine:
         if not ok:
             return [[] for _ in prompts]
         try:
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in ok],
-                                        [params[i] for i in ok], use_tqdm=False)
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=prompts[i]) for i in ok], [params[i] for i in ok], use_tqdm=False
+            )
         except Exception as exc:  # EngineDeadError and friends: the engine process is gone
             raise ModelError(f"the vLLM engine failed while generating: {exc}") from exc
         groups: list[list[Completion]] = [[] for _ in prompts]
@@ -136,8 +137,10 @@ class Engine:
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
         if not self.llm.reset_prefix_cache():  # cached KV of the old weights must not be reused
-            raise ModelError("vLLM refused to reset its prefix cache after a weight swap: the next prompts "
-                             "would reuse KV computed with the old weights")
+            raise ModelError(
+                "vLLM refused to reset its prefix cache after a weight swap: the next prompts "
+                "would reuse KV computed with the old weights"
+            )
         return time.perf_counter() - t0
 
     def close(self) -> None:

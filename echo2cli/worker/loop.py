@@ -54,7 +54,10 @@ class Worker:
         self.work_dir = work_dir.expanduser().resolve()
         self.versions_dir = self.work_dir / VERSIONS_DIR
         self.client = LearnerClient(
-            cfg.join, cfg.token, request_timeout_s=cfg.request_timeout_s, unreachable_s=cfg.unreachable_s,
+            cfg.join,
+            cfg.token,
+            request_timeout_s=cfg.request_timeout_s,
+            unreachable_s=cfg.unreachable_s,
             ca_cert=cfg.ca_cert,
         )
         self.node: TorrentNode | None = None
@@ -107,9 +110,13 @@ class Worker:
         assert self.node is not None and policy.delta_base is not None
         t0 = time.perf_counter()
         try:
-            apply_delta(self._vdir(policy.delta_base) / WEIGHTS_FILE,
-                        VersionKey(policy.version, delta=True).path(self.versions_dir),
-                        self._vdir(policy.version) / WEIGHTS_FILE, expected_sha256=policy.sha256, base_verified=True)
+            apply_delta(
+                self._vdir(policy.delta_base) / WEIGHTS_FILE,
+                VersionKey(policy.version, delta=True).path(self.versions_dir),
+                self._vdir(policy.version) / WEIGHTS_FILE,
+                expected_sha256=policy.sha256,
+                base_verified=True,
+            )
         except BroadcastError as exc:
             self.console.log(f"delta for version {policy.version} unusable ({exc}); fetching the full version")
             delta_key = VersionKey(policy.version, delta=True)
@@ -145,8 +152,10 @@ class Worker:
             # libtorrent verified the pieces, so the file changed on disk: recheck repairs it. Verified again
             # and still wrong, the torrent itself does not describe the announced file: refuse the learner.
             if self._rechecked == policy.version:
-                raise BroadcastError(f"version {policy.version}: every piece verified, but the file's SHA-256 is "
-                                     "not the one the learner announced: its torrent and its hash disagree")
+                raise BroadcastError(
+                    f"version {policy.version}: every piece verified, but the file's SHA-256 is "
+                    "not the one the learner announced: its torrent and its hash disagree"
+                )
             self._rechecked = policy.version
             self.node.recheck(VersionKey(policy.version))
             return False
@@ -173,8 +182,9 @@ class Worker:
                 return
             policy = self.client.policy(self.worker_id)
             if pending is not None:
-                self.console.log(f"version {pending.version} stalled for {FETCH_STALL_S:.0f} s: fetching "
-                                 f"{policy.version}")
+                self.console.log(
+                    f"version {pending.version} stalled for {FETCH_STALL_S:.0f} s: fetching {policy.version}"
+                )
                 for key in (VersionKey(pending.version), VersionKey(pending.version, delta=True)):
                     self.node.remove(key, delete_dir=key.dir(self.versions_dir))
                 self.downloading = None
@@ -202,15 +212,25 @@ class Worker:
         assert self.node is not None and self.events is not None
         key = VersionKey(policy.version, delta=via == "delta")
         transfer = self.node.transfers.get(key) or self.node.transfers[VersionKey(policy.version)]
-        self.events.write({
-            "event": "loaded", "worker_id": self.worker_id, "version": policy.version,
-            "info_hash": policy.info_hash, "sha256": policy.sha256, "sha256_verified": True, "via": via,
-            "downloaded_bytes": self.node.download_bytes(key), "size_bytes": policy.size_bytes,
-            "hash_failures": transfer.hash_failures,
-            "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
-            "t_rebuild_s": self._t_rebuild if via == "delta" else 0.0,
-            "t_reload_s": t_reload, "t_swap_s": t_swap, "time": time.time(),
-        })
+        self.events.write(
+            {
+                "event": "loaded",
+                "worker_id": self.worker_id,
+                "version": policy.version,
+                "info_hash": policy.info_hash,
+                "sha256": policy.sha256,
+                "sha256_verified": True,
+                "via": via,
+                "downloaded_bytes": self.node.download_bytes(key),
+                "size_bytes": policy.size_bytes,
+                "hash_failures": transfer.hash_failures,
+                "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
+                "t_rebuild_s": self._t_rebuild if via == "delta" else 0.0,
+                "t_reload_s": t_reload,
+                "t_swap_s": t_swap,
+                "time": time.time(),
+            }
+        )
 
     def _swap_if_ready(self) -> None:
         with self._fetch_lock:
@@ -275,12 +295,18 @@ class Worker:
         progress = 0.0
         if node and pending:
             progress = node.progress(VersionKey(pending.version, delta=self._via == "delta"))
-        return self.client.heartbeat(Heartbeat(
-            worker_id=self.worker_id, version_loaded=self.loaded if self._engine_up else -1,
-            downloading_version=pending.version if pending else None,
-            download_progress=min(1.0, progress), ready_version=pending.version if progress >= 1.0 else -1,
-            swap_s=self._swap_s, tokens_per_s=self.tokens_per_s, upload_bytes=node.upload_bytes() if node else 0,
-        ))
+        return self.client.heartbeat(
+            Heartbeat(
+                worker_id=self.worker_id,
+                version_loaded=self.loaded if self._engine_up else -1,
+                downloading_version=pending.version if pending else None,
+                download_progress=min(1.0, progress),
+                ready_version=pending.version if progress >= 1.0 else -1,
+                swap_s=self._swap_s,
+                tokens_per_s=self.tokens_per_s,
+                upload_bytes=node.upload_bytes() if node else 0,
+            )
+        )
 
     # -- main loop -----------------------------------------------------------------------------------
 
@@ -288,33 +314,49 @@ class Worker:
         info = self.join_info
         t0 = time.perf_counter()
         groups = self.engine.generate(
-            [p.prompt_token_ids for p in lease.prompts], n=info.group_size,
-            temperature=info.temperature, max_new_tokens=info.max_new_tokens,
+            [p.prompt_token_ids for p in lease.prompts],
+            n=info.group_size,
+            temperature=info.temperature,
+            max_new_tokens=info.max_new_tokens,
         )
         gen_s = time.perf_counter() - t0
         samples = [
-            Sample(prompt_id=p.prompt_id, sample_idx=i, completion_token_ids=c.token_ids,
-                   logprobs=c.logprobs, finish_reason=c.finish_reason)
-            for p, group in zip(lease.prompts, groups, strict=True) for i, c in enumerate(group)
+            Sample(
+                prompt_id=p.prompt_id,
+                sample_idx=i,
+                completion_token_ids=c.token_ids,
+                logprobs=c.logprobs,
+                finish_reason=c.finish_reason,
+            )
+            for p, group in zip(lease.prompts, groups, strict=True)
+            for i, c in enumerate(group)
         ]
         # the engine returns no completions for a prompt it cannot take: say so, the learner leases it elsewhere
         unservable = [p.prompt_id for p, group in zip(lease.prompts, groups, strict=True) if not group]
         if unservable:
-            self.console.log(f"{len(unservable)} prompt(s) too long for max_model_len {self.cfg.max_model_len}: "
-                             "handed back")
+            self.console.log(
+                f"{len(unservable)} prompt(s) too long for max_model_len {self.cfg.max_model_len}: handed back"
+            )
         n_tokens = sum(len(s.completion_token_ids) for s in samples)
         self.tokens_per_s = n_tokens / max(gen_s, 1e-9)
         if self.cfg.max_rollouts_per_s:  # emulate a slower GPU: the lease takes len/rate at least
             self.stop.wait(max(0.0, len(samples) / self.cfg.max_rollouts_per_s - gen_s))
-        return RolloutBatch(worker_id=self.worker_id, lease_id=lease.lease_id, version=lease.version,
-                            samples=samples, gen_s=gen_s, unservable=unservable)
+        return RolloutBatch(
+            worker_id=self.worker_id,
+            lease_id=lease.lease_id,
+            version=lease.version,
+            samples=samples,
+            gen_s=gen_s,
+            unservable=unservable,
+        )
 
     def _work_once(self, stats: dict) -> bool:
         """One lease: ask, generate, submit (or wait, fetch, stand by). False once the learner finished."""
         cfg = self.cfg
         self._swap_if_ready()
-        resp = self.client.lease(LeaseRequest(worker_id=self.worker_id, version=self.loaded,
-                                              max_prompts=cfg.prompts_per_lease))
+        resp = self.client.lease(
+            LeaseRequest(worker_id=self.worker_id, version=self.loaded, max_prompts=cfg.prompts_per_lease)
+        )
         if resp.status == "finished":
             return False
         self._maybe_fetch(resp.latest_version)
@@ -343,11 +385,14 @@ class Worker:
         """The learner restarted and forgot us: join again, keeping the engine and the versions we hold.
         A lease in progress was lost with the old session; the resumed learner leases its prompts again."""
         self.console.log(f"{why}: joining again")
-        info = self.client.join(JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour,
-                                            max_model_len=self.cfg.max_model_len))
+        info = self.client.join(
+            JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour, max_model_len=self.cfg.max_model_len)
+        )
         if info.run_id != self.join_info.run_id:
-            raise ProtocolError(f"learner at {self.cfg.join} now runs another run ({info.run_id}, not "
-                                f"{self.join_info.run_id}): start the worker again to join it")
+            raise ProtocolError(
+                f"learner at {self.cfg.join} now runs another run ({info.run_id}, not "
+                f"{self.join_info.run_id}): start the worker again to join it"
+            )
         latest = info.policy.version
         with self._fetch_lock:
             self.join_info, self.worker_id = info, info.worker_id
@@ -369,17 +414,21 @@ class Worker:
         from echo2cli.worker.engine import Engine
 
         cfg = self.cfg
-        info = self.client.join(JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour,
-                                            max_model_len=cfg.max_model_len))
+        info = self.client.join(
+            JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour, max_model_len=cfg.max_model_len)
+        )
         self.client.unreachable_s = cfg.learner_restart_s  # from now on, an absent learner may be restarting
         self.join_info, self.worker_id = info, info.worker_id
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.events = MetricsWriter(self.work_dir / "events.jsonl")
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
         trust_for_torrents(cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
-        self.node = TorrentNode(cfg.bt_listen, upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
-                                download_limit_bytes_s=mbps_to_bytes_per_s(cfg.downlink_mbps),
-                                tracker_key=info.tracker_key)
+        self.node = TorrentNode(
+            cfg.bt_listen,
+            upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
+            download_limit_bytes_s=mbps_to_bytes_per_s(cfg.downlink_mbps),
+            tracker_key=info.tracker_key,
+        )
         stats = {"rollouts": 0, "accepted": 0, "stale": 0, "leases": 0, "standby_s": 0.0, "rejoins": 0}
         self._standby = False
         beat = threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat")
@@ -394,8 +443,13 @@ class Worker:
                 self.loaded, self.downloading = first.version, None
                 self._link_weights(first.version)
             # the engine starts while the heartbeat already fetches anything newer
-            self.engine = Engine(engine_dir, kv_cache_gib=cfg.kv_cache_gib, max_model_len=cfg.max_model_len,
-                                 seed=cfg.seed, dtype=cfg.dtype)
+            self.engine = Engine(
+                engine_dir,
+                kv_cache_gib=cfg.kv_cache_gib,
+                max_model_len=cfg.max_model_len,
+                seed=cfg.seed,
+                dtype=cfg.dtype,
+            )
             self._engine_up = True
             self._record_load(first, via, 0.0)
             self._send_heartbeat()

@@ -58,8 +58,11 @@ def watch(parent: int) -> None:
     noted: dict[int, int] = {}
     while os.getppid() == parent:
         table = process_table()
-        noted = {pid: start for pid, start in {**noted, **descendants(parent, table)}.items()
-                 if pid != me and table.get(pid, (0, -1))[1] == start}
+        noted = {
+            pid: start
+            for pid, start in {**noted, **descendants(parent, table)}.items()
+            if pid != me and table.get(pid, (0, -1))[1] == start
+        }
         time.sleep(POLL_S)
     table = process_table()
     for pid, start in noted.items():
@@ -74,8 +77,11 @@ def start_reaper() -> subprocess.Popen | None:
     """Watch this process; None where there is no /proc to watch with."""
     if not Path("/proc/self/stat").exists():
         return None
-    return subprocess.Popen([sys.executable, "-m", "echo2cli.worker.reaper", str(os.getpid())],
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "echo2cli.worker.reaper", str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 if __name__ == "__main__":

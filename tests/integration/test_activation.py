@@ -24,26 +24,67 @@ pytestmark = pytest.mark.integration
 STEPS = 8
 
 
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("activation")
     port = free_port()
     learner = spawn(
-        ["learner", "--out", str(out), "--steps", str(STEPS), "--prompts-per-step", "4", "-G", "4",
-         "--max-new-tokens", "8", "-S", "3", "--port", str(port), "--bt-listen", "127.0.0.1:0",
-         "--checkpoint-every", "0", "--activation", "cost", "--learner-usd-per-hour", "2.0", "--quiet"],
+        [
+            "learner",
+            "--out",
+            str(out),
+            "--steps",
+            str(STEPS),
+            "--prompts-per-step",
+            "4",
+            "-G",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "-S",
+            "3",
+            "--port",
+            str(port),
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--checkpoint-every",
+            "0",
+            "--activation",
+            "cost",
+            "--learner-usd-per-hour",
+            "2.0",
+            "--quiet",
+        ],
         out / "learner.log",
         env={"ECHO2_PLAN_EVERY": "1"},
     )
     wait_listening(learner, out)
     url = f"http://127.0.0.1:{port}"
-    specs = {"cheap-slow": ["--usd-per-hour", "0.25", "--max-rollouts-per-s", "0.25"],
-             "pricey-fast": ["--usd-per-hour", "1.0"]}
+    specs = {
+        "cheap-slow": ["--usd-per-hour", "0.25", "--max-rollouts-per-s", "0.25"],
+        "pricey-fast": ["--usd-per-hour", "1.0"],
+    }
     workers = [
-        spawn(["worker", "--join", url, "--name", name, "--work-dir", str(out / name), "--bt-listen",
-               "127.0.0.1:0", "--prompts-per-lease", "2", "--kv-cache-gib", "0.5", *extra],
-              out / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
+        spawn(
+            [
+                "worker",
+                "--join",
+                url,
+                "--name",
+                name,
+                "--work-dir",
+                str(out / name),
+                "--bt-listen",
+                "127.0.0.1:0",
+                "--prompts-per-lease",
+                "2",
+                "--kv-cache-gib",
+                "0.5",
+                *extra,
+            ],
+            out / f"{name}.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))},
+        )
         for i, (name, extra) in enumerate(specs.items())
     ]
     finish(learner, workers, out)
@@ -58,8 +99,11 @@ def test_every_decision_is_the_one_the_model_predicts(run):
     decisions = _decisions(run)
     assert decisions, read_metrics(run / "decisions.jsonl")
     for d in decisions:
-        pool = [WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
-                for w in d["workers"] if w["rollouts_per_s"]]
+        pool = [
+            WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
+            for w in d["workers"]
+            if w["rollouts_per_s"]
+        ]
         names = {w["worker_id"]: w["name"] for w in d["workers"]}
         expected = plan(PlanInputs(**d["inputs"]), pool)
         assert sorted(names[w] for w in expected.standby) == d["standby"]

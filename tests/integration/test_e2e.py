@@ -21,11 +21,21 @@ pytestmark = pytest.mark.integration
 S = 1
 STEPS = 3
 REQUIRED_KEYS = {
-    "step", "version", "rollout/reward_mean", "rollout/reward_std", "rollout/staleness_hist",
-    "rollout/staleness_max", "learner/t_train_s", "learner/t_wait_s", "learner/bubble_ratio",
-    "perf/train_tokens_per_s", "workers/active", "train/loss", "train/clipfrac", "train/is_weight_mean",
+    "step",
+    "version",
+    "rollout/reward_mean",
+    "rollout/reward_std",
+    "rollout/staleness_hist",
+    "rollout/staleness_max",
+    "learner/t_train_s",
+    "learner/t_wait_s",
+    "learner/bubble_ratio",
+    "perf/train_tokens_per_s",
+    "workers/active",
+    "train/loss",
+    "train/clipfrac",
+    "train/is_weight_mean",
 }
-
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +43,59 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
     port = free_port()
     learner = spawn(
-        ["learner", "--out", str(out), "--steps", str(STEPS), "--prompts-per-step", "2", "-G", "4",
-         "--max-new-tokens", "8", "-S", str(S), "--port", str(port), "--bt-listen", "127.0.0.1:0",
-         "--checkpoint-every", "0", "--token", "t0k3n", "--eval-every", "2", "--quiet"],
-        out / "learner.log", env={"ECHO2_EVAL_LIMIT": "10", "ECHO2_EVAL_K": "2"},
+        [
+            "learner",
+            "--out",
+            str(out),
+            "--steps",
+            str(STEPS),
+            "--prompts-per-step",
+            "2",
+            "-G",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "-S",
+            str(S),
+            "--port",
+            str(port),
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--checkpoint-every",
+            "0",
+            "--token",
+            "t0k3n",
+            "--eval-every",
+            "2",
+            "--quiet",
+        ],
+        out / "learner.log",
+        env={"ECHO2_EVAL_LIMIT": "10", "ECHO2_EVAL_K": "2"},
     )
     url = f"http://127.0.0.1:{port}"
     wait_listening(learner, out)
     workers = [
-        spawn(["worker", "--join", url, "--token", "t0k3n", "--name", f"w{i}", "--work-dir", str(out / f"w{i}"),
-               "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5"],
-              out / f"worker{i}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
+        spawn(
+            [
+                "worker",
+                "--join",
+                url,
+                "--token",
+                "t0k3n",
+                "--name",
+                f"w{i}",
+                "--work-dir",
+                str(out / f"w{i}"),
+                "--bt-listen",
+                "127.0.0.1:0",
+                "--prompts-per-lease",
+                "1",
+                "--kv-cache-gib",
+                "0.5",
+            ],
+            out / f"worker{i}.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))},
+        )
         for i in range(2)
     ]
     finish(learner, workers, out)

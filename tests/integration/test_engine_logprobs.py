@@ -58,8 +58,12 @@ def trainer_logps(trainer: Trainer, prompts, groups, temperature: float) -> tupl
 
 def mismatch(ours: list[float], theirs: list[float]) -> dict[str, float]:
     d = [a - b for a, b in zip(ours, theirs, strict=True)]
-    return {"mean_abs": sum(map(abs, d)) / len(d), "max_abs": max(map(abs, d)),
-            "kl_behaviour": sum(math.exp(-x) + x - 1 for x in d) / len(d), "tokens": len(d)}
+    return {
+        "mean_abs": sum(map(abs, d)) / len(d),
+        "max_abs": max(map(abs, d)),
+        "kl_behaviour": sum(math.exp(-x) + x - 1 for x in d) / len(d),
+        "tokens": len(d),
+    }
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -88,8 +92,19 @@ def test_the_trainer_scores_a_group_at_the_sampling_temperature(setup):
     trainer, engine, prompts = setup
     groups = engine.generate(prompts[:2], n=N, temperature=0.7, max_new_tokens=NEW_TOKENS)
     trainer.temperature = 0.7
-    batch = [Group(i, 0, p, [Sample(prompt_id=i, sample_idx=j, completion_token_ids=c.token_ids,
-                                    logprobs=c.logprobs) for j, c in enumerate(g)], [float(j % 2) for j in range(N)],
-                   "w") for i, (p, g) in enumerate(zip(prompts[:2], groups, strict=True))]
+    batch = [
+        Group(
+            i,
+            0,
+            p,
+            [
+                Sample(prompt_id=i, sample_idx=j, completion_token_ids=c.token_ids, logprobs=c.logprobs)
+                for j, c in enumerate(g)
+            ],
+            [float(j % 2) for j in range(N)],
+            "w",
+        )
+        for i, (p, g) in enumerate(zip(prompts[:2], groups, strict=True))
+    ]
     metrics = trainer.step(batch)
     assert abs(metrics["train/is_weight_mean"] - 1.0) < 0.02 and metrics["train/kl_behaviour"] < 0.01

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.integration
 
 
 def run_eval(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "echo2cli", "eval", "--json", *args], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "echo2cli", "eval", "--json", *args], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # vLLM logs its shutdown on stdout after ours: take the result line
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"model"')][-1])

@@ -41,14 +41,48 @@ TOKEN = "churn-test-token"
 KILLS = 10
 LEASE_TIMEOUT_S = 15
 B = 2  # prompts per step
-LEARNER = ["--steps", "100000", "--prompts-per-step", str(B), "-G", "4", "--max-new-tokens", "8", "-S", "2",
-           "--bt-listen", "127.0.0.1:0", "--token", TOKEN, "--lease-timeout-s", str(LEASE_TIMEOUT_S),
-           "--activation", "all", "--quiet"]
+LEARNER = [
+    "--steps",
+    "100000",
+    "--prompts-per-step",
+    str(B),
+    "-G",
+    "4",
+    "--max-new-tokens",
+    "8",
+    "-S",
+    "2",
+    "--bt-listen",
+    "127.0.0.1:0",
+    "--token",
+    TOKEN,
+    "--lease-timeout-s",
+    str(LEASE_TIMEOUT_S),
+    "--activation",
+    "all",
+    "--quiet",
+]
 
 
 def worker_args(url: str, out: Path, name: str, *extra: str) -> list[str]:
-    return ["worker", "--join", url, "--token", TOKEN, "--name", name, "--work-dir", str(out / name),
-            "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5", *extra]
+    return [
+        "worker",
+        "--join",
+        url,
+        "--token",
+        TOKEN,
+        "--name",
+        name,
+        "--work-dir",
+        str(out / name),
+        "--bt-listen",
+        "127.0.0.1:0",
+        "--prompts-per-lease",
+        "1",
+        "--kv-cache-gib",
+        "0.5",
+        *extra,
+    ]
 
 
 class Learner:
@@ -62,8 +96,11 @@ class Learner:
 
     def start(self, *extra: str) -> None:
         (self.out / "learner.json").unlink(missing_ok=True)
-        self.proc = spawn(["learner", "--out", str(self.out), "--port", str(self.port), *LEARNER, *extra],
-                          self.out / "learner.log", prefix=self.prefix)
+        self.proc = spawn(
+            ["learner", "--out", str(self.out), "--port", str(self.port), *LEARNER, *extra],
+            self.out / "learner.log",
+            prefix=self.prefix,
+        )
         wait_listening(self.proc, self.out)
 
     def status(self) -> dict | None:
@@ -120,9 +157,14 @@ def churn(tmp_path_factory):
     rng = random.Random(int(os.environ.get("ECHO2_CHURN_SEED", "0")) or None)
     learner = Learner(out, free_port())
     learner.start("--checkpoint-every", "0")
-    steady = [spawn(worker_args(learner.url, out, "w0"), out / "w0.log", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}),
-              spawn(worker_args(learner.url, out, "w1", "--max-rollouts-per-s", "2"), out / "w1.log",
-                    env={"VLLM_CPU_OMP_THREADS_BIND": "1"})]
+    steady = [
+        spawn(worker_args(learner.url, out, "w0"), out / "w0.log", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}),
+        spawn(
+            worker_args(learner.url, out, "w1", "--max-rollouts-per-s", "2"),
+            out / "w1.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": "1"},
+        ),
+    ]
     kills: list[dict] = []
     report: dict = {"kills": kills}
     try:
@@ -130,8 +172,11 @@ def churn(tmp_path_factory):
         # phase 1: churn
         for i in range(KILLS):
             name = f"c{i}"
-            proc = spawn(worker_args(learner.url, out, name, "--max-rollouts-per-s", "4"), out / f"{name}.log",
-                         env={"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)})
+            proc = spawn(
+                worker_args(learner.url, out, name, "--max-rollouts-per-s", "4"),
+                out / f"{name}.log",
+                env={"VLLM_CPU_OMP_THREADS_BIND": str(i % 2)},
+            )
             if i % 2 == 0:
                 time.sleep(rng.uniform(5, 60))  # start-up, fetch, engine load or a lease
                 mode = "random"
@@ -141,8 +186,15 @@ def churn(tmp_path_factory):
                 mode = "mid-lease"
             w = learner.worker(name)
             kill_group(proc)
-            kills.append({"worker": name, "mode": mode, "at_step": (learner.status() or {}).get("step"),
-                          "joined": w is not None, "held_prompts": w["leased_prompts"] if w else 0})
+            kills.append(
+                {
+                    "worker": name,
+                    "mode": mode,
+                    "at_step": (learner.status() or {}).get("step"),
+                    "joined": w is not None,
+                    "held_prompts": w["leased_prompts"] if w else 0,
+                }
+            )
             if i == 3:  # freeze w1 while it holds a lease, past the deadline, then thaw it
                 wait_for(lambda: holding_lease(learner, "w1"), 240, "w1 to hold a lease")
                 kill_group(steady[1], signal.SIGSTOP)
@@ -152,8 +204,11 @@ def churn(tmp_path_factory):
         # phase 2: graceful restart
         stopped = learner.stop()
         time.sleep(5)  # a worker told "finished" would leave and exit now
-        report["graceful"] = {"stopped_at": stopped["stopped_at"], "ledger": stopped["ledger"],
-                              "workers_alive": [p.poll() is None for p in steady]}
+        report["graceful"] = {
+            "stopped_at": stopped["stopped_at"],
+            "ledger": stopped["ledger"],
+            "workers_alive": [p.poll() is None for p in steady],
+        }
         learner.start("--resume", str(out), "--checkpoint-every", "1")
         report["graceful"]["resumed_at"] = learner.step()
         learner.wait_step(stopped["stopped_at"] + 2)
@@ -229,13 +284,15 @@ class Tether:
         self.here, self.inside = f"{self.subnet}.1", f"{self.subnet}.2"
 
     def __enter__(self) -> Tether:
-        run = [["ip", "netns", "add", self.ns],
-               ["ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
-               ["ip", "addr", "add", f"{self.here}/24", "dev", self.host_dev],
-               ["ip", "link", "set", self.host_dev, "up"],
-               ["ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.inside}/24", "dev", "eth0"],
-               ["ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up"],
-               ["ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up"]]
+        run = [
+            ["ip", "netns", "add", self.ns],
+            ["ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", "eth0", "netns", self.ns],
+            ["ip", "addr", "add", f"{self.here}/24", "dev", self.host_dev],
+            ["ip", "link", "set", self.host_dev, "up"],
+            ["ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.inside}/24", "dev", "eth0"],
+            ["ip", "netns", "exec", self.ns, "ip", "link", "set", "eth0", "up"],
+            ["ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up"],
+        ]
         for cmd in run:
             subprocess.run(cmd, check=True, capture_output=True)
         return self
@@ -255,13 +312,22 @@ class Tether:
 def test_worker_cut_off_the_network_loses_its_lease_and_its_late_copy_is_rejected(tmp_path):
     with Tether() as tether:
         learner = Learner(tmp_path, free_port(), host=tether.here)
-        learner.start("--checkpoint-every", "0", "--host", "0.0.0.0", "--public-url", learner.url,
-                      "--bt-listen", "0.0.0.0:0")
-        workers = [spawn(worker_args(learner.url, tmp_path, "w0", "--bt-listen", "0.0.0.0:0"), tmp_path / "w0.log",
-                         env={"VLLM_CPU_OMP_THREADS_BIND": "0"}),
-                   spawn(worker_args(learner.url, tmp_path, "w1", "--bt-listen", "0.0.0.0:0",
-                                     "--max-rollouts-per-s", "2"),
-                         tmp_path / "w1.log", prefix=tether.argv, env={"VLLM_CPU_OMP_THREADS_BIND": "1"})]
+        learner.start(
+            "--checkpoint-every", "0", "--host", "0.0.0.0", "--public-url", learner.url, "--bt-listen", "0.0.0.0:0"
+        )
+        workers = [
+            spawn(
+                worker_args(learner.url, tmp_path, "w0", "--bt-listen", "0.0.0.0:0"),
+                tmp_path / "w0.log",
+                env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
+            ),
+            spawn(
+                worker_args(learner.url, tmp_path, "w1", "--bt-listen", "0.0.0.0:0", "--max-rollouts-per-s", "2"),
+                tmp_path / "w1.log",
+                prefix=tether.argv,
+                env={"VLLM_CPU_OMP_THREADS_BIND": "1"},
+            ),
+        ]
         try:
             learner.wait_step(1)
             wait_for(lambda: holding_lease(learner, "w1"), 240, "w1 to hold a lease")

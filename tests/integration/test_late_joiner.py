@@ -48,14 +48,60 @@ def test_a_late_joiner_on_a_slow_link_gets_its_version_and_converges(tmp_path):
             return {}
 
     def worker(name: str, core: int, *extra: str):
-        return spawn(["worker", "--join", url, "--token", TOKEN, "--name", name, "--work-dir", str(out / name),
-                      "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5", *extra],
-                     out / f"{name}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(core)})
+        return spawn(
+            [
+                "worker",
+                "--join",
+                url,
+                "--token",
+                TOKEN,
+                "--name",
+                name,
+                "--work-dir",
+                str(out / name),
+                "--bt-listen",
+                "127.0.0.1:0",
+                "--prompts-per-lease",
+                "1",
+                "--kv-cache-gib",
+                "0.5",
+                *extra,
+            ],
+            out / f"{name}.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(core)},
+        )
 
-    learner = spawn(["learner", "--out", str(out), "--port", str(port), "--steps", "100000", "--prompts-per-step", "1",
-                     "-G", "2", "--max-new-tokens", "8", "-S", str(S), "--bt-listen", "127.0.0.1:0", "--token", TOKEN,
-                     "--activation", "all", "--checkpoint-every", "0", "--lease-timeout-s", "30", "--quiet"],
-                    out / "learner.log")
+    learner = spawn(
+        [
+            "learner",
+            "--out",
+            str(out),
+            "--port",
+            str(port),
+            "--steps",
+            "100000",
+            "--prompts-per-step",
+            "1",
+            "-G",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "-S",
+            str(S),
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--token",
+            TOKEN,
+            "--activation",
+            "all",
+            "--checkpoint-every",
+            "0",
+            "--lease-timeout-s",
+            "30",
+            "--quiet",
+        ],
+        out / "learner.log",
+    )
     procs = [learner]
     try:
         wait_listening(learner, out)
@@ -85,12 +131,15 @@ def test_a_late_joiner_on_a_slow_link_gets_its_version_and_converges(tmp_path):
     assert loaded[0]["version"] >= v_join and loaded[-1]["version"] >= stalled_at - S
     size = loaded[0]["size_bytes"]
     figures = {
-        "downlink_mbps": DOWNLINK_MBPS, "size_bytes": size, "version_at_join": v_join,
+        "downlink_mbps": DOWNLINK_MBPS,
+        "size_bytes": size,
+        "version_at_join": v_join,
         "download_alone_s": size / mbps_to_bytes_per_s(DOWNLINK_MBPS),
         "first_load_after_join_s": loaded[0]["time"] - t_join,
         "first_download_s": loaded[0]["t_download_s"],
         "loads": [(e["version"], e["via"], round(e["t_download_s"], 1)) for e in loaded],
-        "fleet_alone_to_training_s": t_converged - t_alone, "join_to_training_s": t_converged - t_join,
+        "fleet_alone_to_training_s": t_converged - t_alone,
+        "join_to_training_s": t_converged - t_join,
         "bcast_version_measured": last.get("bcast/version"),
     }
     (out / "late_joiner.json").write_text(json.dumps(figures, indent=1))

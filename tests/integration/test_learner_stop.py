@@ -18,8 +18,9 @@ pytestmark = pytest.mark.integration
 def make_learner(out):
     from echo2cli.learner.loop import Learner
 
-    cfg = LearnerConfig(out_dir=out, port=0, bt_listen="127.0.0.1:0", steps=3, checkpoint_every=0,
-                        activation="all", linger_s=0)
+    cfg = LearnerConfig(
+        out_dir=out, port=0, bt_listen="127.0.0.1:0", steps=3, checkpoint_every=0, activation="all", linger_s=0
+    )
     return Learner(cfg)
 
 

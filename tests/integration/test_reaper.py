@@ -33,14 +33,56 @@ def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(t
         return {w["worker_id"] for w in workers if w["rollouts"] > 0}
 
     def worker() -> subprocess.Popen:
-        return spawn(["worker", "--join", url, "--token", TOKEN, "--name", "w", "--work-dir", str(tmp_path / "w"),
-                      "--bt-listen", "127.0.0.1:0", "--prompts-per-lease", "1", "--kv-cache-gib", "0.5"],
-                     tmp_path / "w.log")
+        return spawn(
+            [
+                "worker",
+                "--join",
+                url,
+                "--token",
+                TOKEN,
+                "--name",
+                "w",
+                "--work-dir",
+                str(tmp_path / "w"),
+                "--bt-listen",
+                "127.0.0.1:0",
+                "--prompts-per-lease",
+                "1",
+                "--kv-cache-gib",
+                "0.5",
+            ],
+            tmp_path / "w.log",
+        )
 
-    learner = spawn(["learner", "--out", str(tmp_path / "run"), "--port", str(port), "--steps", "100000",
-                     "--prompts-per-step", "1", "-G", "2", "--max-new-tokens", "8", "--bt-listen", "127.0.0.1:0",
-                     "--token", TOKEN, "--activation", "all", "--checkpoint-every", "0", "--quiet",
-                     "--lease-timeout-s", "20"], tmp_path / "learner.log")
+    learner = spawn(
+        [
+            "learner",
+            "--out",
+            str(tmp_path / "run"),
+            "--port",
+            str(port),
+            "--steps",
+            "100000",
+            "--prompts-per-step",
+            "1",
+            "-G",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--token",
+            TOKEN,
+            "--activation",
+            "all",
+            "--checkpoint-every",
+            "0",
+            "--quiet",
+            "--lease-timeout-s",
+            "20",
+        ],
+        tmp_path / "learner.log",
+    )
     procs = [learner]
     try:
         wait_listening(learner, tmp_path / "run")

@@ -40,23 +40,56 @@ def test_aria2c_fetches_a_published_version_and_its_sha256_matches(tmp_path):
     client = aria2c()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    learner = spawn(["learner", "--out", str(tmp_path / "run"), "--port", str(port), "--steps", "1",
-                     "--bt-listen", "127.0.0.1:0", "--token", TOKEN, "--quiet"], tmp_path / "learner.log")
+    learner = spawn(
+        [
+            "learner",
+            "--out",
+            str(tmp_path / "run"),
+            "--port",
+            str(port),
+            "--steps",
+            "1",
+            "--bt-listen",
+            "127.0.0.1:0",
+            "--token",
+            TOKEN,
+            "--quiet",
+        ],
+        tmp_path / "learner.log",
+    )
     try:
         wait_listening(learner, tmp_path / "run")
-        joined = httpx.post(f"{url}/v1/join", json={"name": "aria2", "echo2_version": __version__},
-                            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+        joined = httpx.post(
+            f"{url}/v1/join",
+            json={"name": "aria2", "echo2_version": __version__},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        ).json()
         policy = joined["policy"]
         torrent = tmp_path / "v0.torrent"
         torrent.write_bytes(base64.b64decode(policy["torrent_b64"]))
         t0 = time.monotonic()
         proc = subprocess.run(
-            [client, "--dir", str(tmp_path / "got"), f"--bt-tracker={url}/announce/{joined['tracker_key']}",
-             "--bt-exclude-tracker=*", "--seed-time=0", "--enable-dht=false", "--bt-enable-lpd=false",
-             "--enable-peer-exchange=false", "--bt-stop-timeout=120", "--summary-interval=0",
-             f"--listen-port={free_port()}", "--console-log-level=warn",
-             str(torrent)],
-            capture_output=True, text=True, timeout=240)
+            [
+                client,
+                "--dir",
+                str(tmp_path / "got"),
+                f"--bt-tracker={url}/announce/{joined['tracker_key']}",
+                "--bt-exclude-tracker=*",
+                "--seed-time=0",
+                "--enable-dht=false",
+                "--bt-enable-lpd=false",
+                "--enable-peer-exchange=false",
+                "--bt-stop-timeout=120",
+                "--summary-interval=0",
+                f"--listen-port={free_port()}",
+                "--console-log-level=warn",
+                str(torrent),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         seconds = time.monotonic() - t0
     finally:
         kill_group(learner, signal.SIGTERM)
