@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 from echo2cli.learner.coordinator import Coordinator
-from echo2cli.learner.loop import bind_socket, serve_in_thread
-from echo2cli.learner.server import build_app
+from echo2cli.learner.server import bind_socket, build_app, serve_in_thread
 from echo2cli.protocol import PolicyInfo
 from echo2cli.tasks.arithmetic import ArithmeticTask
 

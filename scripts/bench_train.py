@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from echo2cli.learner.coordinator import Group
 from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.types import Group
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 

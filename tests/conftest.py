@@ -40,7 +40,7 @@ def make_coord(clock, *, G=2, S=1, B=2, lease_timeout_s=60.0) -> Coordinator:
 
 def answer_tokens(coord: Coordinator, prompt_id: int) -> list[int]:
     """Completion tokens that decode (with the fake decoder above) to the right answer."""
-    return [abs(int(coord.problems[prompt_id].answer))]
+    return [abs(int(coord.prompts.problems[prompt_id].answer))]
 
 
 def batch_for(coord, worker_id, lease, *, G=2, right=True, version=None) -> RolloutBatch:

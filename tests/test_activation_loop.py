@@ -13,8 +13,8 @@ def lease_and_return(coord, clock, wid, seconds):
     lease = coord.lease(wid, coord.version, 2).lease
     clock(seconds)
     coord.submit(batch_for(coord, wid, lease))
-    coord.ready.clear()  # the test drives measurements, not training
-    coord.done.clear()
+    coord.admission.ready.clear()  # the test drives measurements, not training
+    coord.admission.done.clear()
 
 
 def setup(clock, tmp_path):
@@ -38,7 +38,7 @@ def test_joins_first_measurements_and_deaths_replan_and_standby_gets_no_lease(cl
         coord.heartbeat(Heartbeat(worker_id=fast, version_loaded=0))
         coord.heartbeat(Heartbeat(worker_id=slow, version_loaded=0))
     act.observe_step(10.0)  # T_train = 10 s -> rate bound 0.4/s
-    coord.ready_s[1] = 2.0
+    coord.published.ready_s[1] = 2.0
     decision = act.update(1)
     assert decision["reason"].startswith("first throughput")
     assert decision["active"] == ["fast"] and decision["standby"] == ["slow"] and decision["changed"]
@@ -61,7 +61,7 @@ def test_infeasible_setting_keeps_everyone_active_and_says_why(clock, tmp_path):
     lease_and_return(coord, clock, a, 1.0)
     lease_and_return(coord, clock, a, 1.0)
     act.observe_step(1.0)
-    coord.ready_s[1] = 50.0  # T_bcast 50 s vs S_e*T_train = 2 s: no throughput keeps the learner busy
+    coord.published.ready_s[1] = 50.0  # T_bcast 50 s vs S_e*T_train = 2 s: no throughput keeps the learner busy
     decision = act.update(1)
     assert decision["standby"] == [] and "need S >=" in decision["decision"]
 

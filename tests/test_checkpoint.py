@@ -23,7 +23,7 @@ from echo2cli.learner.checkpoint import (
     resume_check,
     write_checkpoint,
 )
-from echo2cli.learner.coordinator import Group
+from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
 
@@ -51,23 +51,23 @@ def test_coordinator_state_round_trips_and_returns_leases_of_the_old_session(clo
     again = make_coord(clock, B=2, S=1)
     again.load_state(state)
     assert again.version == coord.version == 3
-    assert [g.prompt_id for g in again.ready] == [g.prompt_id for g in coord.ready]
-    assert again.ready[0].samples == coord.ready[0].samples and again.ready[0].rewards == coord.ready[0].rewards
-    assert again.done == coord.done and again.trained_ids == coord.trained_ids
+    assert [g.prompt_id for g in again.admission.ready] == [g.prompt_id for g in coord.admission.ready]
+    assert again.admission.ready[0].samples == coord.admission.ready[0].samples and again.admission.ready[0].rewards == coord.admission.ready[0].rewards
+    assert again.admission.done == coord.admission.done and again.admission.trained == coord.admission.trained
     before, after = coord.accounting(), again.accounting()
     assert after["returned"] == before["returned"] + before["outstanding"] and after["outstanding"] == 0
     assert after["leased"] == after["admitted"] + after["rejected"] + after["expired"] + after["returned"]
     assert again.audit()["lost"] == [] and again.audit()["trained_twice"] == 0
-    assert [again.problems[i] for i in range(len(coord.problems))] == list(coord.problems.values())
+    assert [again.prompts.problems[i] for i in range(len(coord.prompts.problems))] == list(coord.prompts.problems.values())
     wid = again.join("w2", 0.0)
     assert again.lease(wid, again.version, 1).lease.prompts[0].prompt_id == held.prompts[0].prompt_id
-    fresh_a, fresh_b = coord._draw(), again._draw()  # new prompts continue the same stream
-    assert fresh_a == fresh_b and coord.problems[fresh_a] == again.problems[fresh_b]
+    fresh_a, fresh_b = coord.prompts.draw(), again.prompts.draw()  # new prompts continue the same stream
+    assert fresh_a == fresh_b and coord.prompts.problems[fresh_a] == again.prompts.problems[fresh_b]
 
 
 def test_audit_finds_a_prompt_that_vanished(clock):
     coord, _ = busy_coordinator(clock)
-    coord.pending.clear()  # mutate: drop queued prompts on the floor
+    coord.prompts.pending.clear()  # mutate: drop queued prompts on the floor
     assert coord.audit()["lost"]
 
 

@@ -65,7 +65,7 @@ def test_buffered_group_that_becomes_stale_is_not_trained(clock):
     coord.submit(batch_for(coord, wid, lease))
     coord.advance(2)
     assert coord.take_batch() is None
-    assert coord.counters["stale_samples"] == 4 and not coord.ready
+    assert coord.counters["stale_samples"] == 4 and not coord.admission.ready
 
 
 def test_admissible_batch_respects_staleness_bound(clock):
@@ -113,7 +113,7 @@ def test_nan_logprobs_and_out_of_vocab_tokens_are_invalid(clock):
         Sample(prompt_id=0, sample_idx=0, completion_token_ids=[5000], logprobs=[-1.0]),
     ):
         other = sample.model_copy(update={"sample_idx": 1})
-        assert coord._invalid_reason([sample, other])
+        assert coord.admission.invalid_reason([sample, other])
 
 
 def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
@@ -130,7 +130,7 @@ def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
     assert coord.update_bcast() == []
     clock(2)
     coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1))
-    assert coord.update_bcast() == [1] and coord.bcast_s[1] == 3.0
+    assert coord.update_bcast() == [1] and coord.published.bcast_s[1] == 3.0
 
 
 def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
@@ -148,8 +148,8 @@ def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
     clock(10)
     coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1, swap_s=0.8))  # the lease ended
     assert coord.update_bcast() == [1]
-    assert coord.bcast_s[1] == 12.0  # publish -> the last worker generating with it
-    assert coord.ready_s[1] == 2.0 + 0.8  # publish -> the last worker holding it, plus the slowest swap
+    assert coord.published.bcast_s[1] == 12.0  # publish -> the last worker generating with it
+    assert coord.published.ready_s[1] == 2.0 + 0.8  # publish -> the last worker holding it, plus the slowest swap
 
 
 def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
@@ -200,7 +200,7 @@ def test_a_claimed_version_the_learner_never_published_gets_no_lease(clock):
     w = coord.join("w", 0.0)
     resp = coord.lease(w, 7, 8)
     assert resp.status == "update" and resp.lease is None and "never published" in resp.detail
-    assert coord.accounting()["leased"] == 0 and coord.workers[w].version_loaded == -1
+    assert coord.accounting()["leased"] == 0 and coord.fleet.workers[w].version_loaded == -1
 
 
 def test_rejected_samples_do_not_count_as_a_workers_throughput(clock):

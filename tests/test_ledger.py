@@ -38,8 +38,8 @@ def check(coord, trained_ids):
     assert a["admitted"] == a["trained"] + a["waiting"] + a["dropped_stale"], a
     assert len(trained_ids) == len(set(trained_ids)), "a prompt was trained twice"
     # every prompt handed out is admitted, waiting to be leased again, or out on a lease: none is lost
-    out = {p for lease in coord.leases.values() for p in lease.outstanding}
-    assert not set(coord.problems) - coord.done - set(coord.pending) - out
+    out = {p for lease in coord.leases.leases.values() for p in lease.outstanding}
+    assert not set(coord.prompts.problems) - coord.admission.done - set(coord.prompts.pending) - out
     assert coord.audit()["lost"] == []
 
 
@@ -117,7 +117,7 @@ def test_a_worker_that_keeps_sending_invalid_data_is_cut_off(clock):
         result = coord.submit(RolloutBatch(worker_id=wid, lease_id=lease.lease_id, version=0, samples=samples))
         assert result.rejected == {"invalid_samples": 2} and "vocabulary" in result.detail
     assert coord.cut_off(wid) and not coord.known(wid)
-    assert coord.workers[wid].rejected["invalid_samples"] == 2 * coord.max_bad_batches
+    assert coord.fleet.workers[wid].rejected["invalid_samples"] == 2 * coord.max_bad_batches
     a = coord.accounting()
     assert a["leased"] == a["rejected"] + a["outstanding"] + a["returned"]  # every prompt leased again
 

@@ -167,7 +167,7 @@ def test_a_cut_off_worker_hears_why(app):
     client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda r: _forward(http, r)))
     info = client.join(JoinRequest(name="w"))
     coord = app.state.coord
-    coord.workers[info.worker_id].cut_off = True
+    coord.fleet.workers[info.worker_id].cut_off = True
     with pytest.raises(AuthError, match="cut off after 5 batches of invalid rollouts"):
         client.lease(LeaseRequest(worker_id=info.worker_id, version=0))
 

@@ -49,7 +49,7 @@ def test_a_late_joiner_still_fetching_its_first_version_does_not_hold_up_t_bcast
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1))
     coord.heartbeat(Heartbeat(worker_id=late, version_loaded=-1, downloading_version=1, download_progress=0.2))
     assert 1 in coord.update_bcast()
-    assert coord.bcast_s[1] == 3.0
+    assert coord.published.bcast_s[1] == 3.0
 
 
 class FakeNode:

@@ -14,8 +14,7 @@ from conftest import make_coord
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.errors import ConfigError, LearnerUnreachable
-from echo2cli.learner.loop import bind_socket, serve_in_thread
-from echo2cli.learner.server import build_app
+from echo2cli.learner.server import bind_socket, build_app, serve_in_thread
 from echo2cli.protocol import JoinRequest, PolicyInfo
 from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.worker.client import LearnerClient
@@ -126,8 +125,8 @@ def test_torrent_peers_find_each_other_through_the_https_tracker(https_learner, 
     vdir.mkdir(parents=True)
     (vdir / "model.safetensors").write_bytes(os.urandom(3 << 20))
     torrent = make_torrent(vdir, f"{url}/announce")
-    seed = TorrentNode("127.0.0.1:0", tracker_key=coord.learner_tracker_key)
-    leech = TorrentNode("127.0.0.1:0", tracker_key=coord.workers[worker_id].tracker_key)
+    seed = TorrentNode("127.0.0.1:0", tracker_key=coord.credentials.learner_tracker_key)
+    leech = TorrentNode("127.0.0.1:0", tracker_key=coord.credentials.tracker_key(worker_id))
     try:
         seed.seed(0, torrent.data, vdir.parent)
         leech.fetch(0, torrent.data, tmp_path / "leech")

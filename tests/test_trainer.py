@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from echo2cli.learner.coordinator import Group
 from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
 

@@ -137,17 +137,48 @@ def run_trial(
         trial_dir.mkdir(parents=True)
         torrent_path.write_bytes(torrent.data)
         cap = (lambda mbps: ["--up-mbps", str(mbps)]) if not fleet else (lambda mbps: [])
-        origin = _Proc(prefix("learner") + py + [
-            "origin", "--file", str(payload), "--torrent", str(torrent_path), "--bind", host,
-            "--port", str(http_port), "--bt-port", str(BT_PORT if fleet else 0), *cap(up_mbps)])  # fmt: skip
+        origin = _Proc(
+            prefix("learner")
+            + py
+            + [
+                "origin",
+                "--file",
+                str(payload),
+                "--torrent",
+                str(torrent_path),
+                "--bind",
+                host,
+                "--port",
+                str(http_port),
+                "--bt-port",
+                str(BT_PORT if fleet else 0),
+                *cap(up_mbps),
+            ]
+        )
         procs.append(origin)
         origin.read()
         fetchers = []
         for i in range(n):
             bind = fleet.addr(f"w{i}") if fleet else "127.0.0.1"
-            argv = prefix(f"w{i}") + py + [
-                "fetch", "--method", method, "--torrent", str(torrent_path), "--out", str(trial_dir / f"w{i}"),
-                "--bind", bind, "--url", f"http://{host}:{http_port}/file", "--slot", f"{i}/{n}"]  # fmt: skip
+            argv = (
+                prefix(f"w{i}")
+                + py
+                + [
+                    "fetch",
+                    "--method",
+                    method,
+                    "--torrent",
+                    str(torrent_path),
+                    "--out",
+                    str(trial_dir / f"w{i}"),
+                    "--bind",
+                    bind,
+                    "--url",
+                    f"http://{host}:{http_port}/file",
+                    "--slot",
+                    f"{i}/{n}",
+                ]
+            )
             if not fleet:
                 argv += ["--up-mbps", str(worker_up_mbps), "--down-mbps", str(worker_down_mbps)]
             fetchers.append(_Proc(argv))

@@ -67,8 +67,24 @@ def _tbf(dev: str, mbps: float, ns: str, delay_ms: float = 0.0) -> None:
             msg = f"cannot add {delay_ms} ms of delay (kernel without sch_netem?): drop the delay option"
             raise NetemError(msg) from exc
         parent = ["parent", "1:"]
-    _ip("tc", "qdisc", "add", "dev", dev, *parent, "handle", "2:", "tbf",
-        "rate", f"{mbps}mbit", "burst", str(burst), "latency", "100ms", ns=ns)  # fmt: skip
+    _ip(
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        *parent,
+        "handle",
+        "2:",
+        "tbf",
+        "rate",
+        f"{mbps}mbit",
+        "burst",
+        str(burst),
+        "latency",
+        "100ms",
+        ns=ns,
+    )
 
 
 class Fleet:

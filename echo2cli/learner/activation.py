@@ -73,59 +73,10 @@ class Activation:
             return None
         self.last_step = step
         live = [w for w in workers if w["active"]]
-        pool = [
-            WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
-            for w in live
-            if w["rollouts_per_s"]
-        ]
-        names = {w["worker_id"]: w["name"] for w in live}
-        # T_ready: T_bcast without waiting for a lease in progress (the model counts whole leases itself).
-        # v0's includes the workers' engine start: steady state begins at v1.
-        bcast = [self.coord.ready_s[v] for v in sorted(self.coord.ready_s) if v > 0][-T_BCAST_WINDOW:]
         record: dict[str, Any] = {"step": step, "time": time.time(), "reason": reason, "workers": live}
-        standby: set[str] = set()
-        if not self.t_train or not bcast or not pool:
-            record["decision"] = "all active: waiting for measurements of T_train, T_bcast and mu_i"
-        else:
-            cfg = self.cfg
-            inp = PlanInputs(
-                batch=cfg.prompts_per_step * cfg.group_size,
-                t_train_s=statistics.median(self.t_train),
-                t_bcast_s=statistics.median(bcast),
-                staleness=cfg.staleness,
-                kappa=cfg.kappa,
-                gamma=cfg.gamma,
-                lease_rollouts=cfg.group_size * 4,
-                group_size=cfg.group_size,
-                learner_usd_per_hour=cfg.learner_usd_per_hour,
-            )
-            record["inputs"] = inp.__dict__
-            try:
-                result = plan(inp, pool, rule=cfg.plan_rule)
-            except InfeasibleError as exc:
-                record["decision"] = f"all active: {exc}"
-            else:
-                standby = set(result.standby)
-                record.update(
-                    decision=(
-                        "cheapest set reaching gamma*mu_min"
-                        if result.meets_target
-                        else "short of gamma*mu_min: every worker that helps is active"
-                    ),
-                    mu_min=result.mu_min,
-                    mu_min_echo2=result.mu_min_echo2,
-                    target_mu=result.target_mu,
-                    predicted_bubble=result.recommended.bubble_ratio,
-                    predicted_usd_per_step=result.recommended.usd_per_step,
-                )
-                self.metrics = {
-                    "plan/mu_min": result.mu_min,
-                    "plan/mu_min_echo2": result.mu_min_echo2,
-                    "plan/target_mu": result.target_mu,
-                    "plan/mu_active": result.recommended.mu_pool,
-                    "plan/predicted_bubble": result.recommended.bubble_ratio,
-                }
+        standby = self._decide(live, record)
         self.coord.set_standby(standby)
+        names = {w["worker_id"]: w["name"] for w in live}
         record["leases_after"] = {w["name"]: w["leases"] for w in self.coord.measured()}  # standby holds these
         record["active"] = sorted(names[w] for w in names if w not in standby)
         record["standby"] = sorted(names[w] for w in standby)
@@ -134,6 +85,57 @@ class Activation:
         self.metrics.update({"plan/active_workers": len(record["active"]), "plan/standby_workers": len(standby)})
         self.log.write(record)
         return record
+
+    def _decide(self, live: list[dict[str, Any]], record: dict[str, Any]) -> set[str]:
+        """Plan on what is measured; the workers to put on standby. The decision and its inputs go in `record`."""
+        pool = [
+            WorkerSpec(w["worker_id"], w["usd_per_hour"], w["rollouts_per_s"], w["lease_rollouts"])
+            for w in live
+            if w["rollouts_per_s"]
+        ]
+        # T_ready: T_bcast without waiting for a lease in progress (the model counts whole leases itself).
+        # v0's includes the workers' engine start: steady state begins at v1.
+        _, ready_s = self.coord.bcast_times()
+        bcast = [ready_s[v] for v in sorted(ready_s) if v > 0][-T_BCAST_WINDOW:]
+        if not self.t_train or not bcast or not pool:
+            record["decision"] = "all active: waiting for measurements of T_train, T_bcast and mu_i"
+            return set()
+        cfg = self.cfg
+        inp = PlanInputs(
+            batch=cfg.prompts_per_step * cfg.group_size,
+            t_train_s=statistics.median(self.t_train),
+            t_bcast_s=statistics.median(bcast),
+            staleness=cfg.staleness,
+            kappa=cfg.kappa,
+            gamma=cfg.gamma,
+            lease_rollouts=cfg.group_size * 4,
+            group_size=cfg.group_size,
+            learner_usd_per_hour=cfg.learner_usd_per_hour,
+        )
+        record["inputs"] = inp.__dict__
+        try:
+            result = plan(inp, pool, rule=cfg.plan_rule)
+        except InfeasibleError as exc:
+            record["decision"] = f"all active: {exc}"
+            return set()
+        meets = "cheapest set reaching gamma*mu_min"
+        short = "short of gamma*mu_min: every worker that helps is active"
+        record.update(
+            decision=meets if result.meets_target else short,
+            mu_min=result.mu_min,
+            mu_min_echo2=result.mu_min_echo2,
+            target_mu=result.target_mu,
+            predicted_bubble=result.recommended.bubble_ratio,
+            predicted_usd_per_step=result.recommended.usd_per_step,
+        )
+        self.metrics = {
+            "plan/mu_min": result.mu_min,
+            "plan/mu_min_echo2": result.mu_min_echo2,
+            "plan/target_mu": result.target_mu,
+            "plan/mu_active": result.recommended.mu_pool,
+            "plan/predicted_bubble": result.recommended.bubble_ratio,
+        }
+        return set(result.standby)
 
     def close(self) -> None:
         self.log.close()

@@ -1,34 +1,32 @@
 """`echo2 learner`: the training loop that ties coordinator, trainer, publisher and server together.
 
-    publish v0 → serve → for t in 0..steps-1:
+    serve: publish the start version, open the API and tracker, write learner.json
+    for t in start..steps-1:
         wait until B admissible groups are ready            (learner/t_wait_s: the bubble)
         one GRPO step on them                               (learner/t_train_s: T_train)
         publish version t+1 every kappa steps               (learner/t_publish_s)
-        re-plan cost-aware activation every plan_every steps and on joins/deaths (learner/activation.py)
-        evaluate every eval_every-th version in a subprocess (learner/periodic_eval.py)
-        log one metrics line; checkpoint every N steps
-    finish: tell workers, final checkpoint, linger so they hear it, stop.
+        record: one metrics line; re-plan cost-aware activation every plan_every steps and on joins and
+            deaths (activation.py); evaluate every eval_every-th version in a subprocess (periodic_eval.py);
+            checkpoint every checkpoint_every steps
+    finish: tell workers, final checkpoint, linger so they hear it
+    summarise: summary.json
 
 SIGTERM / Ctrl-C (`request_stop`) ends the loop at the next step boundary with a checkpoint and without
 telling workers to finish: `echo2 learner --resume OUT` continues at the same step and version, and the
 workers, which kept retrying, join it again. A second signal stops at once (the last checkpoint stands).
-
-Bubble ratio = time waiting for rollouts / wall time, counted from the end of the first wait: the first
-wait is fleet start-up (engines loading), which a capacity model of steady state does not describe.
-T_bcast(v) = from publishing v until every active worker generates with v or newer.
+So does any error: only a run that reached its last step tells workers it finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,89 +37,20 @@ from echo2cli.launch import announce_learner
 from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import read_state, write_checkpoint
-from echo2cli.learner.coordinator import Coordinator, Group
+from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
-from echo2cli.learner.server import build_app
+from echo2cli.learner.records import Bubble, StepLog, batch_metrics, bcast_metrics, delta_metrics, usd_per_hour
+from echo2cli.learner.server import bind_socket, build_app, serving
 from echo2cli.learner.trainer import Trainer
-from echo2cli.metrics import MetricsWriter
+from echo2cli.learner.types import Group
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.tasks import encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
 from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.units import mbps_to_bytes_per_s
 
-SCALARS_IN_STATUS = (
-    "rollout/reward_mean",
-    "learner/t_train_s",
-    "learner/t_wait_s",
-    "bcast/t_s",
-    "bcast/version",
-    "learner/bubble_ratio",
-    "bcast/upload_ratio",
-    "rollout/staleness_max",
-    "train/loss",
-    "time_s",
-    "plan/mu_min",
-    "plan/mu_min_echo2",
-    "plan/active_workers",
-    "plan/standby_workers",
-    "cost/usd_per_step",
-)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}): pick another --port") from exc
-    sock.listen(128)
-    return sock
-
-
-def serve_in_thread(app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None):
-    import uvicorn
-
-    cert, key = tls or (None, None)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, log_level="warning", access_log=False, timeout_keep_alive=30, ssl_certfile=cert, ssl_keyfile=key
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.01)
-    return server, thread
-
-
-def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
-    rewards = [r for g in groups for r in g.rewards]
-    mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-    hist = Counter(step - g.version for g in groups for _ in g.samples)  # every trained sample
-    return {
-        "rollout/reward_mean": mean,
-        "rollout/reward_std": std,
-        "rollout/samples": len(rewards),
-        "rollout/staleness_hist": {str(k): v for k, v in sorted(hist.items())},
-        "rollout/staleness_max": max(hist),
-        "rollout/staleness_mean": sum(k * v for k, v in hist.items()) / len(rewards),
-        "rollout/versions": sorted({g.version for g in groups}),
-        "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
-        "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
-        "rollout/prompt_ids": [g.prompt_id for g in groups],
-        **component_means(groups),
-    }
-
-
-def component_means(groups: list[Group]) -> dict[str, float]:
-    """`reward/<name>`: the mean of each reward component over the batch's samples (0 where one is absent)."""
-    rows = [c for g in groups for c in g.components]
-    names = sorted({k for c in rows for k in c})
-    return {f"reward/{k}": sum(c.get(k, 0.0) for c in rows) / len(rows) for k in names}
+WAIT_TICK_S = 0.2  # while waiting for a batch: poll the torrent session, re-plan, measure T_bcast this often
 
 
 def ensure_writable(directory: Path, what: str) -> None:
@@ -135,83 +64,87 @@ def ensure_writable(directory: Path, what: str) -> None:
         raise ConfigError(f"cannot write to {what} {directory} ({exc.strerror}): pick another one") from exc
 
 
+def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: Scorer) -> tuple[Trainer, Coordinator]:
+    """The trainer on the model, and the coordinator on the task with the model's tokenizer and limits."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    trainer = Trainer(
+        model_dir,
+        lr=cfg.lr,
+        clip_eps=cfg.clip_eps,
+        is_cap=cfg.is_cap,
+        kl_coef=cfg.kl_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        micro_batch=cfg.micro_batch,
+        temperature=cfg.temperature,
+    )
+    coord = Coordinator(
+        load_task(cfg.task, cfg.task_options),
+        encode_prompt=lambda messages: encode_chat(tok, messages),
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+        group_size=cfg.group_size,
+        staleness=cfg.staleness,
+        prompts_per_step=cfg.prompts_per_step,
+        max_new_tokens=cfg.max_new_tokens,
+        vocab_size=int(trainer.model.config.vocab_size),
+        lease_timeout_s=cfg.lease_timeout_s,
+        heartbeat_s=cfg.heartbeat_s,
+        seed=cfg.seed,
+        score=scorer,
+        max_seq_len=getattr(trainer.model.config, "max_position_embeddings", None),
+    )
+    return trainer, coord
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
-        from transformers import AutoTokenizer
-
-        self.cfg = cfg
-        self.out = cfg.out_dir
+        self.cfg, self.out = cfg, cfg.out_dir
         ensure_writable(self.out, "--out")
-        self.run_id = uuid.uuid4().hex[:8]
-        self.start_step = 0
+        self.run_id, self.start_step = uuid.uuid4().hex[:8], 0
         self.stop = threading.Event()
         self.model_dir = resolve_model(cfg.model)
-        task = load_task(cfg.task, cfg.task_options)
-        self.scorer = Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s)
-        try:
-            tok = AutoTokenizer.from_pretrained(self.model_dir)
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"cannot load the tokenizer of {self.model_dir}: {exc}") from exc
-
-        if cfg.torch_threads:
-            import torch
-
-            torch.set_num_threads(cfg.torch_threads)
-        self.trainer = Trainer(
-            self.model_dir,
-            lr=cfg.lr,
-            clip_eps=cfg.clip_eps,
-            is_cap=cfg.is_cap,
-            kl_coef=cfg.kl_coef,
-            max_grad_norm=cfg.max_grad_norm,
-            micro_batch=cfg.micro_batch,
-            temperature=cfg.temperature,
+        self.model_files = [f for f in MODEL_FILES if (self.model_dir / f).exists()]
+        self._closing = contextlib.ExitStack()  # everything opened here, closed when `run` ends
+        self.scorer = self._closing.enter_context(
+            contextlib.closing(Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s))
         )
-        self.coord = Coordinator(
-            task,
-            encode_prompt=lambda messages: encode_chat(tok, messages),
-            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            group_size=cfg.group_size,
-            staleness=cfg.staleness,
-            prompts_per_step=cfg.prompts_per_step,
-            max_new_tokens=cfg.max_new_tokens,
-            vocab_size=int(self.trainer.model.config.vocab_size),
-            lease_timeout_s=cfg.lease_timeout_s,
-            heartbeat_s=cfg.heartbeat_s,
-            seed=cfg.seed,
-            score=self.scorer,
-            max_seq_len=getattr(self.trainer.model.config, "max_position_embeddings", None),
-        )
+        self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
-        host, port = self.sock.getsockname()[:2]
         self.tls = (cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
         if self.tls:
             check_server_files(*self.tls)
             trust_for_torrents(cfg.tls_cert, self.out)  # our own node announces to our https tracker
+        host, port = self.sock.getsockname()[:2]
         self.url = cfg.public_url or f"{'https' if self.tls else 'http'}://{host}:{port}"
-        self.node = TorrentNode(
-            cfg.bt_listen,
-            upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
-            tracker_key=self.coord.learner_tracker_key,
+        self.node = self._close_later(
+            TorrentNode(
+                cfg.bt_listen,
+                upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
+                tracker_key=self.coord.credentials.learner_tracker_key,
+            )
         )
         self.publisher = Publisher(
-            self.trainer,
-            self.node,
-            self.coord,
-            self.out / VERSIONS_DIR,
-            f"{self.url}/announce",
-            keep=cfg.staleness + 1,
+            self.trainer, self.node, self.coord, self.out / VERSIONS_DIR, f"{self.url}/announce", keep=cfg.staleness + 1
         )
-        self._trim_metrics()
-        self.metrics = MetricsWriter(self.out / "metrics.jsonl")
-        self.mismatch = MetricsWriter(self.out / "mismatch.jsonl")  # per step, the tokens of largest |log w|
-        self.activation = Activation(cfg, self.coord, self.out / "decisions.jsonl")
-        self.evals = PeriodicEval(cfg, self.model_dir, self.out)
+        self.log = self._close_later(StepLog(self.out, self.start_step))
+        self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
+        self.evals = self._close_later(PeriodicEval(cfg, self.model_dir, self.out))
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
-        self.last: dict[str, Any] = {}
         self.upload_ratio: dict[int, float] = {}
+        self.bubble = Bubble()
+
+    def _close_later(self, resource: Any) -> Any:
+        return self._closing.enter_context(contextlib.closing(resource))
 
     def _restore(self, checkpoint: Path) -> None:
         state = read_state(checkpoint)
@@ -226,18 +159,88 @@ class Learner:
         """Checkpoint at the next step boundary and stop, leaving workers waiting for a resume."""
         self.stop.set()
 
-    def _usd_per_hour(self) -> float:
-        """Learner plus every live worker not on standby: what the run pays for right now."""
-        live = [w for w in self.coord.measured() if w["active"] and not w["standby"]]
-        return self.cfg.learner_usd_per_hour + sum(w["usd_per_hour"] for w in live)
+    # -- the run -------------------------------------------------------------------------------------
 
-    def _model_files(self) -> list[str]:
-        return [f for f in MODEL_FILES if (self.model_dir / f).exists()]
+    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Serve, train, finish; returns (and writes) the summary. `on_step(record)` after every step."""
+        t_start = time.time()
+        with self._closing, self._serve():
+            stopped_at = self._train(t_start, on_step)
+            final = self._finish(stopped_at)
+        return self._summarize(t_start, stopped_at, final)
 
-    def _status_extra(self) -> dict:
-        return {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last}
+    @contextlib.contextmanager
+    def _serve(self) -> Iterator[None]:
+        """Publish the start version, then serve the API and tracker; learner.json says we are up."""
+        shutil.rmtree(self.out / VERSIONS_DIR, ignore_errors=True)  # a previous run's versions: never served again
+        self.publisher.publish(self.start_step)
+        cfg = self.cfg
+        join_info = dict(
+            task=cfg.task,
+            group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            staleness=cfg.staleness,
+            heartbeat_s=cfg.heartbeat_s,
+            model_files=self.model_files,
+        )
+        app = build_app(
+            self.coord,
+            run_id=self.run_id,
+            join_info=join_info,
+            model_dir=self.model_dir,
+            model_files=self.model_files,
+            token=cfg.token,
+            status_extra=self.log.status,
+            target_steps=cfg.steps,
+        )
+        with serving(app, self.sock, self.tls):
+            (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+            announce_learner(self.out, {"url": self.url, "run_id": self.run_id, "pid": os.getpid()})
+            yield
+
+    def _train(self, t_start: float, on_step: Callable[[dict[str, Any]], None] | None) -> int | None:
+        """Steps start..steps-1; the version it stopped at if asked to stop, else None."""
+        for t in range(self.start_step, self.cfg.steps):
+            t0 = time.time()
+            groups = self._wait_for_batch(t)
+            if groups is None:  # asked to stop while waiting; a batch once taken is always trained
+                return t
+            t_wait = time.time() - t0
+            self.bubble.waited_for(t_wait, time.time())
+            record: dict[str, Any] = {"step": t, **batch_metrics(groups, t), **self.trainer.step(groups)}
+            version = t + 1
+            t_publish = self._publish(version)
+            self.coord.advance(version)
+            self._tick(version)
+            self._record(record, version, t_start=t_start, t0=t0, t_wait=t_wait, t_publish=t_publish)
+            if on_step:
+                on_step(record)
+            if self.stop.is_set():
+                return version
+            if self.cfg.checkpoint_every and version % self.cfg.checkpoint_every == 0 and version != self.cfg.steps:
+                self.checkpoint(version)
+        return None
+
+    def _wait_for_batch(self, step: int) -> list[Group] | None:
+        while not self.stop.is_set():
+            groups = self.coord.take_batch(wait_s=WAIT_TICK_S)
+            if groups is not None:
+                return groups
+            self._tick(step)
+        return None
+
+    def _publish(self, version: int) -> float:
+        """Publish every kappa-th version (and the last); start its evaluation if one is due. Returns seconds."""
+        t0 = time.time()
+        if version % self.cfg.kappa == 0 or version == self.cfg.steps:
+            self.publisher.publish(version)
+            if self.evals.due(version):
+                self.evals.start(version, self.publisher.weights_path(version))
+        return time.time() - t0
 
     def _tick(self, step: int) -> None:
+        """Torrent alerts, cost-aware activation, and T_bcast of versions the fleet now runs."""
         self.node.poll()
         decision = self.activation.update(step)
         if decision is not None and decision["changed"] and self.on_decision:
@@ -247,23 +250,72 @@ class Learner:
             if size:
                 self.upload_ratio[v] = self.publisher.upload_bytes(v) / size
 
-    def _bcast_metrics(self) -> dict[str, Any]:
-        if not self.coord.bcast_s:
-            return {}
-        v = max(self.coord.bcast_s)
-        return {
-            "bcast/version": v,
-            "bcast/t_s": self.coord.bcast_s[v],
-            "bcast/t_ready_s": self.coord.ready_s[v],
-            "bcast/upload_ratio": self.upload_ratio.get(v),
-        }
+    def _record(
+        self, record: dict[str, Any], version: int, *, t_start: float, t0: float, t_wait: float, t_publish: float
+    ) -> None:
+        """Complete the step's metrics line and write it; feed the measured step time back."""
+        now = time.time()
+        bcast_s, ready_s = self.coord.bcast_times()
+        record.update(
+            {
+                "version": version,
+                "time_s": now - t_start,
+                "learner/t_wait_s": t_wait,
+                "learner/t_publish_s": t_publish,
+                "learner/t_busy_s": now - t0 - t_wait,  # the capacity model's T_train: training plus publishing
+                "learner/bubble_ratio": self.bubble.ratio(now),
+                "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
+                **self.coord.totals(),
+                **bcast_metrics(bcast_s, ready_s, self.upload_ratio),
+                **delta_metrics(self.publisher.delta_stats.get(version)),
+                **self.activation.metrics,
+                "cost/usd_per_step": usd_per_hour(self.coord.measured(), self.cfg.learner_usd_per_hour)
+                * (now - t0)
+                / 3600.0,
+                **self.evals.poll(),
+            }
+        )
+        self.activation.observe_step(record["learner/t_busy_s"])
+        self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
+        self.log.write(record, self.trainer.outliers)
 
-    def _delta_metrics(self, version: int) -> dict[str, Any]:
-        stats = self.publisher.delta_stats.get(version)
-        if not stats:
-            return {}
-        ratio = stats["delta_bytes"] / stats["full_bytes"]
-        return {"bcast/delta_ratio": ratio, "bcast/delta_encode_s": stats["encode_s"]}
+    def _finish(self, stopped_at: int | None) -> Path:
+        """The final checkpoint. A run that reached its last step tells workers it finished and lingers until they
+        heard it; a stopped one does not, so they keep retrying and join the resumed learner."""
+        if stopped_at is not None:
+            return self.checkpoint(stopped_at)
+        self.coord.finish()
+        final = self.checkpoint(self.cfg.steps)
+        self.evals.poll(wait=True)
+        deadline = time.time() + self.cfg.linger_s
+        while time.time() < deadline and self.coord.active_workers():
+            self._tick(self.cfg.steps)
+            time.sleep(0.1)
+        return final
+
+    def _summarize(self, t_start: float, stopped_at: int | None, final: Path) -> dict[str, Any]:
+        bcast_s, ready_s = self.coord.bcast_times()
+        summary = {
+            "run_id": self.run_id,
+            "steps": self.cfg.steps,
+            "wall_s": time.time() - t_start,
+            "start_step": self.start_step,
+            "stopped_at": stopped_at,
+            "checkpoint": str(final),
+            "metrics": str(self.log.metrics.path),
+            "ledger": self.coord.accounting(),
+            "audit": self.coord.audit(),
+            "rejected_samples": self.coord.rejected_samples(),
+            "bcast_s": {str(k): v for k, v in sorted(bcast_s.items())},
+            "bcast_ready_s": {str(k): v for k, v in sorted(ready_s.items())},
+            "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
+            "workers": self.coord.measured(),
+            "eval": self.evals.results,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    # -- checkpoints ---------------------------------------------------------------------------------
 
     def checkpoint(self, step: int) -> Path:
         """Between steps: weights and optimizer at version `step`, RNG, coordinator state, resolved config."""
@@ -279,165 +331,8 @@ class Learner:
 
         def write_files(tmp: Path) -> None:
             self.trainer.save_checkpoint(tmp)
-            for name in self._model_files():
+            for name in self.model_files:
                 if name not in ("config.json", "generation_config.json"):
                     shutil.copy2(self.model_dir / name, tmp / name)
 
         return write_checkpoint(checkpoint_dir(self.out, step), write_files, state)
-
-    def _trim_metrics(self) -> None:
-        """A resumed run rewrites the steps after its checkpoint: drop their old lines."""
-        path = self.out / "metrics.jsonl"
-        if path.exists():
-            keep = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", -1) < self.start_step
-            ]
-            path.write_text("".join(line + "\n" for line in keep))
-
-    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        cfg = self.cfg
-        shutil.rmtree(self.out / VERSIONS_DIR, ignore_errors=True)  # a previous run's versions: never served again
-        self.publisher.publish(self.start_step)
-        join_info = dict(
-            task=cfg.task,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            staleness=cfg.staleness,
-            heartbeat_s=cfg.heartbeat_s,
-            model_files=self._model_files(),
-        )
-        app = build_app(
-            self.coord,
-            run_id=self.run_id,
-            join_info=join_info,
-            model_dir=self.model_dir,
-            model_files=self._model_files(),
-            token=cfg.token,
-            status_extra=self._status_extra,
-            target_steps=cfg.steps,
-        )
-        server, thread = serve_in_thread(app, self.sock, self.tls)
-        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
-        announce_learner(self.out, {"url": self.url, "run_id": self.run_id, "pid": os.getpid()})
-        t_start = time.time()
-        steady_since: float | None = None
-        waited_steady = 0.0
-        stopped_at: int | None = None
-        try:
-            for t in range(self.start_step, cfg.steps):
-                t0 = time.time()
-                groups = None
-                while groups is None and not self.stop.is_set():
-                    if (groups := self.coord.take_batch()) is None:
-                        time.sleep(0.02)
-                        self._tick(t)
-                if groups is None:  # asked to stop while waiting; a batch once taken is always trained
-                    stopped_at = t
-                    break
-                t_wait = time.time() - t0
-                if steady_since is None:
-                    steady_since = time.time()
-                else:
-                    waited_steady += t_wait
-                record: dict[str, Any] = {"step": t, **batch_metrics(groups, t)}
-                record.update(self.trainer.step(groups))
-                version = t + 1
-                t1 = time.time()
-                if version % cfg.kappa == 0 or version == cfg.steps:
-                    self.publisher.publish(version)
-                    if self.evals.due(version):
-                        self.evals.start(version, self.publisher.weights_path(version))
-                self.coord.advance(version)
-                self._tick(version)
-                now = time.time()
-                c = self.coord.counters
-                record.update(
-                    {
-                        "version": version,
-                        "time_s": now - t_start,
-                        "learner/t_wait_s": t_wait,
-                        "learner/t_publish_s": now - t1,
-                        "learner/t_busy_s": now - t0 - t_wait,  # T_train of the capacity model
-                        "learner/bubble_ratio": waited_steady / max(now - steady_since, 1e-9),
-                        "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
-                        "rollout/stale_dropped_total": c["stale_samples"],
-                        "rollout/duplicate_total": c["duplicate_samples"],
-                        "rollout/invalid_total": c["invalid_samples"],
-                        "rollout/leases_expired_total": c["leases_expired"],
-                        "reward/errors_total": c["reward_errors"],
-                        "reward/timeouts_total": c["reward_timeouts"],
-                        **{f"ledger/{k}": v for k, v in self.coord.accounting().items()},
-                        "workers/active": len(self.coord.active_workers()),
-                        **self._bcast_metrics(),
-                        **self._delta_metrics(version),
-                        **self.activation.metrics,
-                        "cost/usd_per_step": self._usd_per_hour() * (now - t0) / 3600.0,
-                    }
-                )
-                # the model's T_train is all the learner's busy time per step: training plus publishing
-                record.update(self.evals.poll())
-                self.activation.observe_step(record["learner/t_busy_s"])
-                self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
-                self.metrics.write(record)
-                self.mismatch.write(
-                    {"step": t, "tokens": [{**o, "staleness": t - o["version"]} for o in self.trainer.outliers]}
-                )
-                self.last = record
-                if on_step:
-                    on_step(record)
-                if self.stop.is_set():
-                    stopped_at = version
-                    break
-                if cfg.checkpoint_every and version % cfg.checkpoint_every == 0 and version != cfg.steps:
-                    self.checkpoint(version)
-            if stopped_at is not None:  # workers are not told to finish: they wait for the resumed learner
-                final = self.checkpoint(stopped_at)
-            else:
-                self.coord.finish()
-                final = self.checkpoint(cfg.steps)
-                self.evals.poll(wait=True)
-                self._linger()
-        finally:
-            # Not `coord.finish()`: only a run that reached its last step says "finished". A stop request,
-            # a full disk or a crash must leave workers retrying, so they join the resumed learner.
-            server.should_exit = True
-            thread.join(timeout=10)
-            self.node.close()
-            self.metrics.close()
-            self.mismatch.close()
-            self.activation.close()
-            self.scorer.close()
-            self.evals.close()
-        summary = {
-            "run_id": self.run_id,
-            "steps": cfg.steps,
-            "wall_s": time.time() - t_start,
-            "start_step": self.start_step,
-            "stopped_at": stopped_at,
-            "checkpoint": str(final),
-            "metrics": str(self.metrics.path),
-            "ledger": self.coord.accounting(),
-            "audit": self.coord.audit(),
-            "rejected_samples": {
-                k.removeprefix("rejected_").removesuffix("_samples"): v
-                for k, v in sorted(self.coord.counters.items())
-                if k.startswith("rejected_")
-            },
-            "bcast_s": {str(k): v for k, v in sorted(self.coord.bcast_s.items())},
-            "bcast_ready_s": {str(k): v for k, v in sorted(self.coord.ready_s.items())},
-            "upload_ratio": {str(k): v for k, v in sorted(self.upload_ratio.items())},
-            "workers": self.coord.measured(),
-            "eval": self.evals.results,
-        }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
-
-    def _linger(self) -> None:
-        """Serve on until every worker has heard 'finished' and left, or linger_s passes."""
-        deadline = time.time() + self.cfg.linger_s
-        while time.time() < deadline and self.coord.active_workers():
-            self._tick(self.cfg.steps)
-            time.sleep(0.1)

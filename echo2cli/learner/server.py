@@ -16,17 +16,23 @@ the handlers then check that a session token belongs to the worker it speaks for
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 
 from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
-from echo2cli.learner.coordinator import Coordinator, same_secret
+from echo2cli.errors import ConfigError
+from echo2cli.learner.coordinator import Coordinator
+from echo2cli.learner.credentials import same_secret
 from echo2cli.learner.guard import SMALL_BODY, RequestGuard, rollout_body_limit
 from echo2cli.protocol import (
     API,
@@ -55,139 +61,169 @@ def build_app(
     coord: Coordinator,
     *,
     run_id: str,
-    join_info: dict,
+    join_info: dict[str, Any],
     model_dir: Path,
     model_files: list[str],
     token: str | None,
-    status_extra: Callable[[], dict],
+    status_extra: Callable[[], dict[str, Any]],
     target_steps: int,
 ) -> FastAPI:
+    """`join_info`: the run's settings every JoinResponse carries; `status_extra()`: the newest metrics for /status."""
     app = FastAPI(title="echo2 learner", version="1")
     app.state.coord = coord
-    worker_paths = {f"{API}/lease", f"{API}/rollouts", f"{API}/heartbeat", f"{API}/leave"}
+    gate = Gate(coord, token)
     rollouts_limit = rollout_body_limit(coord.B, coord.G, coord.max_new_tokens)
+    app.add_middleware(
+        RequestGuard,
+        authorize=gate.authorize,
+        limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY,
+    )
+    app.add_exception_handler(RequestValidationError, _invalid_body)  # type: ignore[arg-type]
+    app.include_router(_worker_routes(coord, gate, run_id, join_info))
+    app.include_router(_reader_routes(coord, gate, run_id, model_dir, model_files, status_extra, target_steps))
+    app.include_router(_tracker_routes(coord))
+    return app
 
-    def authorize(path: str, presented: str) -> tuple[int, str] | None:
+
+def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """Location and message only: FastAPI's default echoes the offending input back, and an input such as 1e400
+    (inf) cannot be written as JSON, which turned a client's bad body into a 500."""
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()
+    ]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def _bearer(authorization: str | None) -> str:
+    return authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
+
+
+class Gate:
+    """Who may call what: the join token (`token`, None = an open learner) and the workers' session tokens."""
+
+    WORKER_PATHS = frozenset({f"{API}/lease", f"{API}/rollouts", f"{API}/heartbeat", f"{API}/leave"})
+
+    def __init__(self, coord: Coordinator, token: str | None) -> None:
+        self.coord, self.token = coord, token
+
+    def is_join_token(self, presented: str) -> bool:
+        return self.token is not None and same_secret(presented, self.token)
+
+    def authorize(self, path: str, presented: str) -> tuple[int, str] | None:
         """From the Authorization header alone, before the body is read (the handlers check the rest)."""
         if path.startswith("/announce"):
             return None  # the tracker key in the path is the credential
         if path == f"{API}/join":
-            if token is not None and not same_secret(presented, token):
-                return 401, JOIN_TOKEN_MISSING
-            return None
-        if path in worker_paths:  # a session token, or the join token (an operator): the handler says which worker
-            if coord.session_owner(presented) is not None or (token is not None and same_secret(presented, token)):
+            return (401, JOIN_TOKEN_MISSING) if self.token is not None and not self.is_join_token(presented) else None
+        if path in self.WORKER_PATHS:  # a session token, or the join token (an operator): the handler says who
+            if self.coord.session_owner(presented) is not None or self.is_join_token(presented):
                 return None
-            if coord.cut_off_session(presented):
-                return 403, f"this worker was cut off after {coord.max_bad_batches} batches of invalid rollouts"
+            if self.coord.cut_off_session(presented):
+                return 403, f"this worker was cut off after {self.coord.max_bad_batches} batches of invalid rollouts"
             return 401, SESSION_TOKEN_MISSING
-        if token is None or same_secret(presented, token) or coord.session_owner(presented) is not None:
+        if self.token is None or self.is_join_token(presented) or self.coord.session_owner(presented) is not None:
             return None  # read-only calls, /docs and /openapi.json
         return 401, READER_TOKEN_MISSING
 
-    app.add_middleware(
-        RequestGuard,
-        authorize=authorize,
-        limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY,
-    )
-
-    @app.exception_handler(RequestValidationError)
-    def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's default echoes the offending input back, and an input such as 1e400 (inf) cannot be
-        # written as JSON: that turned a client's bad body into a 500. Send location and message only.
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": errors}, status_code=422)
-
-    tracker = Tracker()
-    tracker_lock = threading.Lock()
-
-    def bearer(authorization: str | None) -> str:
-        return authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
-
-    def join_auth(authorization: str | None = Header(default=None)) -> None:
-        """Joining needs the learner's shared join token, when it has one."""
-        if token is not None and not same_secret(bearer(authorization), token):
+    def join(self, authorization: str | None = Header(default=None)) -> None:
+        """Joining needs the learner's join token, when it has one."""
+        if self.token is not None and not self.is_join_token(_bearer(authorization)):
             raise HTTPException(401, JOIN_TOKEN_MISSING)
 
-    def reader_auth(authorization: str | None = Header(default=None)) -> None:
+    def reader(self, authorization: str | None = Header(default=None)) -> None:
         """Read-only calls: the join token or any live session token."""
-        presented = bearer(authorization)
-        if token is not None and same_secret(presented, token):
-            return
-        if token is not None and coord.session_owner(presented) is None:
+        presented = _bearer(authorization)
+        if self.token is not None and not self.is_join_token(presented) and self.coord.session_owner(presented) is None:
             raise HTTPException(401, READER_TOKEN_MISSING)
 
-    def worker_auth(worker_id: str, authorization: str | None) -> None:
+    def worker(self, worker_id: str, authorization: str | None) -> None:
         """Calls made as a worker: its own session token (from join), and nobody else's."""
-        if coord.cut_off(worker_id):
+        if self.coord.cut_off(worker_id):
             raise HTTPException(
                 403,
-                f"worker {worker_id} was cut off after {coord.max_bad_batches} batches of invalid rollouts in a row",
+                f"worker {worker_id} was cut off after {self.coord.max_bad_batches} batches of invalid rollouts"
+                " in a row",
             )
-        if not coord.known(worker_id):
+        if not self.coord.known(worker_id):
             raise HTTPException(404, f"unknown worker {worker_id}: join again")
-        owner = coord.session_owner(bearer(authorization))
+        owner = self.coord.session_owner(_bearer(authorization))
         if owner is None:
             raise HTTPException(401, SESSION_TOKEN_MISSING)
         if owner != worker_id:
             raise HTTPException(403, f"this session token belongs to another worker, not {worker_id}")
 
-    @app.post(f"{API}/join", dependencies=[Depends(join_auth)])
+
+def _worker_routes(coord: Coordinator, gate: Gate, run_id: str, join_info: dict[str, Any]) -> APIRouter:
+    router = APIRouter(prefix=API)
+
+    @router.post("/join", dependencies=[Depends(gate.join)])
     def join(req: JoinRequest) -> JoinResponse:
         if not compatible(req.echo2_version, __version__):
             raise HTTPException(
                 409,
-                f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner "
-                f"{__version__}: install the same version on both",
+                f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner {__version__}: install the "
+                "same version on both",
             )
         worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
-        w = coord.workers[worker_id]
+        session_token, tracker_key = coord.secrets_of(worker_id)
         return JoinResponse(
             worker_id=worker_id,
-            session_token=w.session_token,
-            tracker_key=w.tracker_key,
+            session_token=session_token,
+            tracker_key=tracker_key,
             run_id=run_id,
             policy=coord.latest_policy(worker_id),
             **join_info,
         )
 
-    @app.get(f"{API}/model/files/{{name}}", dependencies=[Depends(reader_auth)])
+    @router.post("/lease")
+    def lease(req: LeaseRequest, authorization: str | None = Header(default=None)) -> LeaseResponse:
+        gate.worker(req.worker_id, authorization)
+        return coord.lease(req.worker_id, req.version, req.max_prompts)
+
+    @router.post("/rollouts")
+    def rollouts(batch: RolloutBatch, authorization: str | None = Header(default=None)) -> SubmitResult:
+        gate.worker(batch.worker_id, authorization)
+        if len(batch.samples) > coord.B * coord.G:  # a lease holds at most B prompts of G samples each
+            raise HTTPException(422, f"a batch holds at most B x G = {coord.B * coord.G} samples")
+        return coord.submit(batch)
+
+    @router.post("/heartbeat")
+    def heartbeat(hb: Heartbeat, authorization: str | None = Header(default=None)) -> HeartbeatReply:
+        gate.worker(hb.worker_id, authorization)
+        coord.heartbeat(hb)
+        return HeartbeatReply(latest_version=coord.latest_policy().version, finished=coord.finished)
+
+    @router.post("/leave")
+    def leave(req: LeaveRequest, authorization: str | None = Header(default=None)) -> dict[str, int]:
+        gate.worker(req.worker_id, authorization)
+        return {"returned_prompts": coord.leave(req.worker_id)}
+
+    return router
+
+
+def _reader_routes(
+    coord: Coordinator,
+    gate: Gate,
+    run_id: str,
+    model_dir: Path,
+    model_files: list[str],
+    status_extra: Callable[[], dict[str, Any]],
+    target_steps: int,
+) -> APIRouter:
+    router = APIRouter(prefix=API, dependencies=[Depends(gate.reader)])
+
+    @router.get("/model/files/{name}")
     def model_file(name: str) -> FileResponse:
         if name not in model_files:
             raise HTTPException(404, f"no model file {name!r}")
         return FileResponse(model_dir / name)
 
-    @app.post(f"{API}/lease")
-    def lease(req: LeaseRequest, authorization: str | None = Header(default=None)) -> LeaseResponse:
-        worker_auth(req.worker_id, authorization)
-        return coord.lease(req.worker_id, req.version, req.max_prompts)
-
-    @app.post(f"{API}/rollouts")
-    def rollouts(batch: RolloutBatch, authorization: str | None = Header(default=None)) -> SubmitResult:
-        worker_auth(batch.worker_id, authorization)
-        if len(batch.samples) > coord.B * coord.G:  # a lease holds at most B prompts of G samples each
-            raise HTTPException(422, f"a batch holds at most B x G = {coord.B * coord.G} samples")
-        return coord.submit(batch)
-
-    @app.post(f"{API}/heartbeat")
-    def heartbeat(hb: Heartbeat, authorization: str | None = Header(default=None)) -> HeartbeatReply:
-        worker_auth(hb.worker_id, authorization)
-        coord.heartbeat(hb)
-        return HeartbeatReply(latest_version=coord.latest_policy().version, finished=coord.finished)
-
-    @app.post(f"{API}/leave")
-    def leave(req: LeaveRequest, authorization: str | None = Header(default=None)) -> dict:
-        worker_auth(req.worker_id, authorization)
-        return {"returned_prompts": coord.leave(req.worker_id)}
-
-    @app.get(f"{API}/policy", dependencies=[Depends(reader_auth)])
+    @router.get("/policy")
     def policy(worker_id: str | None = None) -> PolicyInfo:
         return coord.latest_policy(worker_id)
 
-    @app.get(f"{API}/status", dependencies=[Depends(reader_auth)])
+    @router.get("/status")
     def status() -> Status:
         return Status(
             run_id=run_id,
@@ -199,17 +235,63 @@ def build_app(
             last_metrics=status_extra(),
         )
 
-    @app.get("/announce/{key}")
+    return router
+
+
+def _tracker_routes(coord: Coordinator) -> APIRouter:
+    router = APIRouter()
+    tracker, lock = Tracker(), threading.Lock()
+
+    @router.get("/announce/{key}")
     def announce(key: str, request: Request) -> Response:
         """The tracker serves only the learner's node and joined workers, each announcing with its key."""
         if not coord.tracker_key_ok(key):
-            return Response(
-                bencode({"failure reason": "not a joined peer: join the learner first"}), media_type="text/plain"
-            )
+            failure = bencode({"failure reason": "not a joined peer: join the learner first"})
+            return Response(failure, media_type="text/plain")
         query = parse_announce(request.scope.get("query_string", b""))
         remote = request.client.host if request.client else "127.0.0.1"
-        with tracker_lock:
+        with lock:
             body = tracker.announce(query, remote)
         return Response(body, media_type="text/plain")
 
-    return app
+    return router
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bound before anything slow starts, so a busy port fails in one line at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}): pick another --port") from exc
+    sock.listen(128)
+    return sock
+
+
+def serve_in_thread(
+    app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None
+) -> tuple[Any, threading.Thread]:
+    """uvicorn on `sock` in a daemon thread, once it accepts requests; stop it with `server.should_exit = True`."""
+    import uvicorn
+
+    cert, key = tls or (None, None)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_keep_alive=30, ssl_certfile=cert, ssl_keyfile=key
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return server, thread
+
+
+@contextlib.contextmanager
+def serving(app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None) -> Iterator[None]:
+    server, thread = serve_in_thread(app, sock, tls)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

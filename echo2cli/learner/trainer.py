@@ -17,18 +17,37 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
-from echo2cli.learner.coordinator import Group
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.types import Group
+from echo2cli.protocol import Sample
 
 
 def _autocast_ok(device: torch.device) -> bool:
     return device.type == "cuda" or cpu_has_bf16()
+
+
+def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
+    """One sampled token where trainer and engine disagree: where it is, both log-probs, who made it."""
+    return {
+        "log_w": log_w,
+        "behaviour_logp": s.logprobs[pos],
+        "trainer_logp": s.logprobs[pos] + log_w,
+        "token": s.completion_token_ids[pos],
+        "position": pos,
+        "length": len(s.completion_token_ids),
+        "finish_reason": s.finish_reason,
+        "version": g.version,
+        "worker_id": g.worker_id,
+        "prompt_id": g.prompt_id,
+        "sample_idx": s.sample_idx,
+    }
 
 
 class Trainer:
@@ -121,22 +140,7 @@ class Trainer:
                 with torch.no_grad():
                     ref_logp = self._token_logp(self.ref, ids, attn, mask)
             for row, pos, log_w in worst_tokens(logp, behaviour, mask):
-                g, s = origin[start + row]
-                self.outliers.append(
-                    {
-                        "log_w": log_w,
-                        "behaviour_logp": s.logprobs[pos],
-                        "trainer_logp": s.logprobs[pos] + log_w,
-                        "token": s.completion_token_ids[pos],
-                        "position": pos,
-                        "length": len(s.completion_token_ids),
-                        "finish_reason": s.finish_reason,
-                        "version": g.version,
-                        "worker_id": g.worker_id,
-                        "prompt_id": g.prompt_id,
-                        "sample_idx": s.sample_idx,
-                    }
-                )
+                self.outliers.append(_outlier(*origin[start + row], pos, log_w))
             adv = advantages[start : start + len(chunk)].to(self.device)
             loss, metrics = grpo_loss(
                 logp,

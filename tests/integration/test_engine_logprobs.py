@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from echo2cli.learner.coordinator import Group
 from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.types import Group
 from echo2cli.models import model_dir_with_weights, prepare_default_model
 from echo2cli.protocol import Sample
 from echo2cli.tasks import encode_chat

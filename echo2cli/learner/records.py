@@ -1,0 +1,134 @@
+"""What each learner step records: one line of metrics.jsonl (the batch's rollouts, timings, the bubble ratio,
+T_bcast, cost) and one of mismatch.jsonl (the sampled tokens where trainer and engine disagree most).
+
+Bubble ratio = time waiting for rollouts / wall time, counted from the end of the first wait: the first wait is
+fleet start-up (engines loading), which a capacity model of steady state does not describe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from echo2cli.learner.types import Group
+from echo2cli.metrics import MetricsWriter
+
+# the metrics `/v1/status` shows (the demo's live view and `echo2 status` read them)
+SCALARS_IN_STATUS = (
+    "rollout/reward_mean",
+    "learner/t_train_s",
+    "learner/t_wait_s",
+    "bcast/t_s",
+    "bcast/version",
+    "learner/bubble_ratio",
+    "bcast/upload_ratio",
+    "rollout/staleness_max",
+    "train/loss",
+    "time_s",
+    "plan/mu_min",
+    "plan/mu_min_echo2",
+    "plan/active_workers",
+    "plan/standby_workers",
+    "cost/usd_per_step",
+)
+
+
+def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
+    """`rollout/*` and `reward/*` of the groups trained at `step`; staleness counts every trained sample."""
+    rewards = [r for g in groups for r in g.rewards]
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    hist = Counter(step - g.version for g in groups for _ in g.samples)
+    return {
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": std,
+        "rollout/samples": len(rewards),
+        "rollout/staleness_hist": {str(k): v for k, v in sorted(hist.items())},
+        "rollout/staleness_max": max(hist),
+        "rollout/staleness_mean": sum(k * v for k, v in hist.items()) / len(rewards),
+        "rollout/versions": sorted({g.version for g in groups}),
+        "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
+        "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
+        "rollout/prompt_ids": [g.prompt_id for g in groups],
+        **component_means(groups),
+    }
+
+
+def component_means(groups: list[Group]) -> dict[str, float]:
+    """`reward/<name>`: the mean of each reward component over the batch's samples (0 where one is absent)."""
+    rows = [c for g in groups for c in g.components]
+    names = sorted({k for c in rows for k in c})
+    return {f"reward/{k}": sum(c.get(k, 0.0) for c in rows) / len(rows) for k in names}
+
+
+class Bubble:
+    """The learner's waiting for rollouts, over the steady state (after the first wait)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # the end of the first wait
+        self.waited = 0.0
+
+    def waited_for(self, seconds: float, now: float) -> None:
+        if self.since is None:
+            self.since = now
+        else:
+            self.waited += seconds
+
+    def ratio(self, now: float) -> float:
+        return self.waited / max(now - (self.since or now), 1e-9)
+
+
+def bcast_metrics(bcast_s: dict[int, float], ready_s: dict[int, float], upload_ratio: dict[int, float]) -> dict:
+    """`bcast/*` of the newest version whose T_bcast is measured."""
+    if not bcast_s:
+        return {}
+    v = max(bcast_s)
+    return {
+        "bcast/version": v,
+        "bcast/t_s": bcast_s[v],
+        "bcast/t_ready_s": ready_s[v],
+        "bcast/upload_ratio": upload_ratio.get(v),
+    }
+
+
+def delta_metrics(stats: dict[str, float] | None) -> dict[str, float]:
+    """`bcast/delta_*` of a version published with a delta."""
+    if not stats:
+        return {}
+    return {"bcast/delta_ratio": stats["delta_bytes"] / stats["full_bytes"], "bcast/delta_encode_s": stats["encode_s"]}
+
+
+def usd_per_hour(workers: list[dict[str, Any]], learner_usd_per_hour: float) -> float:
+    """Learner plus every live worker not on standby: what the run pays for right now."""
+    return learner_usd_per_hour + sum(w["usd_per_hour"] for w in workers if w["active"] and not w["standby"])
+
+
+class StepLog:
+    """metrics.jsonl and mismatch.jsonl, one line per step each, and the newest line for `/v1/status`.
+    A resumed run rewrites the steps after its checkpoint: their old lines are dropped at open."""
+
+    def __init__(self, out: Path, start_step: int) -> None:
+        path = out / "metrics.jsonl"
+        if path.exists():
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            keep = [line for line in lines if json.loads(line).get("step", -1) < start_step]
+            path.write_text("".join(line + "\n" for line in keep))
+        self.metrics = MetricsWriter(path)
+        self.mismatch = MetricsWriter(out / "mismatch.jsonl")
+        self.last: dict[str, Any] = {}
+
+    def write(self, record: dict[str, Any], outliers: list[dict[str, Any]]) -> None:
+        """`outliers`: the trainer's tokens of largest |log w|, each with its version."""
+        self.metrics.write(record)
+        tokens = [{**o, "staleness": record["step"] - o["version"]} for o in outliers]
+        self.mismatch.write({"step": record["step"], "tokens": tokens})
+        self.last = record
+
+    def status(self) -> dict[str, Any]:
+        return {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last}
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.mismatch.close()

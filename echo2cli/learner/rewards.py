@@ -1,0 +1,32 @@
+"""The reward stage between a worker's submission and admission: decode each group's completions with the
+learner's tokenizer and score them with the task.
+
+It runs outside the coordinator's lock (a task's score may be slow; `tasks/scoring.Scorer` bounds its time and
+turns an exception into reward 0), so the coordinator checks each group before scoring it and again after.
+Rewards are always computed here: a worker's own claim is never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from echo2cli.protocol import Sample
+from echo2cli.tasks import Problem, Score, Task
+from echo2cli.tasks.scoring import safe_score
+
+ScoreFn = Callable[[Problem, list[str]], list[Score]]
+
+
+class RewardStage:
+    def __init__(self, task: Task, decode: Callable[[list[int]], str], score: ScoreFn | None = None) -> None:
+        """`score(problem, texts)` scores a group at once; by default the task's own score, one text at a time."""
+        self.decode = decode
+        self.score = score or (lambda problem, texts: [safe_score(task, problem, t) for t in texts])
+
+    def __call__(self, problems: Mapping[int, Problem], groups: Mapping[int, list[Sample]]) -> dict[int, list[Score]]:
+        """Scores of each group's samples, in sample order, for every prompt in `problems`."""
+        scores = {}
+        for prompt_id, problem in problems.items():
+            samples = sorted(groups[prompt_id], key=lambda s: s.sample_idx)
+            scores[prompt_id] = self.score(problem, [self.decode(s.completion_token_ids) for s in samples])
+        return scores
