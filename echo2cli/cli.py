@@ -421,11 +421,11 @@ def plan_cmd(
 ) -> None:
     """Capacity model: the pool throughput mu_min that keeps the learner busy, and the cheapest workers that
     provide gamma*mu_min, against all-active, random and centralized baselines."""
-    from echo2cli.plan import PlanInputs, WorkerSpec, bubble_ratio
-    from echo2cli.plan import plan as make_plan
-    from echo2cli.plan_io import from_run as read_run
-    from echo2cli.plan_io import load_pool
-    from echo2cli.plan_io import plot as plot_plan
+    from echo2cli.plan.io import from_run as read_run
+    from echo2cli.plan.io import load_pool
+    from echo2cli.plan.io import plot as plot_plan
+    from echo2cli.plan.model import PlanInputs, WorkerSpec, bubble_ratio
+    from echo2cli.plan.model import plan as make_plan
 
     if rule not in ("echo2", "paper"):
         raise ConfigError(f"--rule takes echo2 or paper (got {rule!r})")
@@ -561,8 +561,8 @@ def bench_broadcast(
     path) over capped links; print T_bcast, the lower bound T*, their ratio and learner upload ÷ size."""
     from rich.table import Table
 
-    from echo2cli.broadcast.bench import plot as plot_rows
-    from echo2cli.broadcast.bench import rows_json, run_bench
+    from echo2cli.bench.broadcast import plot as plot_rows
+    from echo2cli.bench.broadcast import rows_json, run_bench
 
     try:
         counts = [int(x) for x in workers.split(",") if x.strip()]

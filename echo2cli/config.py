@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from echo2cli.errors import ConfigError
-from echo2cli.plan import kappa_problem
+from echo2cli.plan.model import kappa_problem
 
 
 def is_loopback(host: str) -> bool:

@@ -22,7 +22,8 @@ import random
 import statistics
 from pathlib import Path
 
-from echo2cli.plan import (
+from echo2cli.plan.io import load_pool
+from echo2cli.plan.model import (
     InfeasibleError,
     PlanInputs,
     WorkerSpec,
@@ -32,8 +33,7 @@ from echo2cli.plan import (
     mu_min_echo2,
     mu_min_paper,
 )
-from echo2cli.plan_io import load_pool
-from echo2cli.simulate import SimWorker, simulate, simulated_knee
+from echo2cli.plan.simulator import SimWorker, simulate, simulated_knee
 
 G, B_PROMPTS, LEASE_PROMPTS, N, T = 8, 8, 4, 4, 10.0
 POOL = Path(__file__).parent.parent / "examples" / "pool-8.toml"

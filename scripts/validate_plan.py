@@ -22,8 +22,8 @@ from pathlib import Path
 
 from echo2cli.demo import free_port
 from echo2cli.launch import spawn, wait_for_learner
-from echo2cli.plan import PlanInputs, bubble_ratio, mu_min_echo2
-from echo2cli.plan_io import from_run
+from echo2cli.plan.io import from_run
+from echo2cli.plan.model import PlanInputs, bubble_ratio, mu_min_echo2
 
 
 def one_run(out: Path, n: int, a: argparse.Namespace) -> dict:

@@ -52,13 +52,18 @@ def test_coordinator_state_round_trips_and_returns_leases_of_the_old_session(clo
     again.load_state(state)
     assert again.version == coord.version == 3
     assert [g.prompt_id for g in again.admission.ready] == [g.prompt_id for g in coord.admission.ready]
-    assert again.admission.ready[0].samples == coord.admission.ready[0].samples and again.admission.ready[0].rewards == coord.admission.ready[0].rewards
+    assert (
+        again.admission.ready[0].samples == coord.admission.ready[0].samples
+        and again.admission.ready[0].rewards == coord.admission.ready[0].rewards
+    )
     assert again.admission.done == coord.admission.done and again.admission.trained == coord.admission.trained
     before, after = coord.accounting(), again.accounting()
     assert after["returned"] == before["returned"] + before["outstanding"] and after["outstanding"] == 0
     assert after["leased"] == after["admitted"] + after["rejected"] + after["expired"] + after["returned"]
     assert again.audit()["lost"] == [] and again.audit()["trained_twice"] == 0
-    assert [again.prompts.problems[i] for i in range(len(coord.prompts.problems))] == list(coord.prompts.problems.values())
+    assert [again.prompts.problems[i] for i in range(len(coord.prompts.problems))] == list(
+        coord.prompts.problems.values()
+    )
     wid = again.join("w2", 0.0)
     assert again.lease(wid, again.version, 1).lease.prompts[0].prompt_id == held.prompts[0].prompt_id
     fresh_a, fresh_b = coord.prompts.draw(), again.prompts.draw()  # new prompts continue the same stream

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from echo2cli.broadcast.netem import Fleet, Link, NetemError, namespaces_available
+from echo2cli.bench.netem import Fleet, Link, NetemError, namespaces_available
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="needs permission to create network namespaces")
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo2cli.plan import (
+from echo2cli.plan.model import (
     InfeasibleError,
     PlanInputError,
     PlanInputs,
@@ -18,7 +18,7 @@ from echo2cli.plan import (
     plan,
     step_time,
 )
-from echo2cli.simulate import SimWorker, simulate, simulated_knee
+from echo2cli.plan.simulator import SimWorker, simulate, simulated_knee
 
 G = 8
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from echo2cli.cli import app
 from echo2cli.errors import ConfigError
-from echo2cli.plan_io import from_run, load_pool
+from echo2cli.plan.io import from_run, load_pool
 
 runner = CliRunner()
 EXAMPLE_POOL = Path(__file__).parent.parent / "examples" / "pool-8.toml"

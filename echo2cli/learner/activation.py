@@ -23,7 +23,7 @@ from typing import Any
 from echo2cli.config import LearnerConfig
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.metrics import MetricsWriter
-from echo2cli.plan import InfeasibleError, PlanInputs, WorkerSpec, plan
+from echo2cli.plan.model import InfeasibleError, PlanInputs, WorkerSpec, plan
 
 T_TRAIN_WINDOW = 5  # steps in the T_train median
 T_BCAST_WINDOW = 5  # versions in the T_bcast median

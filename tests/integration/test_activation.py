@@ -17,7 +17,7 @@ from procs import finish, spawn, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
-from echo2cli.plan import PlanInputs, WorkerSpec, plan
+from echo2cli.plan.model import PlanInputs, WorkerSpec, plan
 
 pytestmark = pytest.mark.integration
 

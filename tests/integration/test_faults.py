@@ -30,7 +30,7 @@ import httpx
 import pytest
 from procs import kill_group, spawn, wait_listening
 
-from echo2cli.broadcast.netem import namespaces_available
+from echo2cli.bench.netem import namespaces_available
 from echo2cli.demo import free_port
 from echo2cli.learner.checkpoint import complete_checkpoints
 from echo2cli.metrics import read_metrics

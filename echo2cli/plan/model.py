@@ -22,7 +22,7 @@ Two thresholds (derivation: docs/DESIGN-NOTES.md, "Capacity model"):
 
   and P = T (no bubble) iff mu >= B/T and t_gen <= S_e*T - T_b. For n identical workers
   t_gen = X/mu with X = n*q*ceil(B/(n*q)), so  mu_min_echo2 = max(B/T, X / (S_e*T - T_b)).
-  The simulator (`simulate.py`) puts the knee within 4 % of this over B, n, q, S and T_b/T sweeps
+  The simulator (`simulator.py`) puts the knee within 4 % of this over B, n, q, S and T_b/T sweeps
   (tests/test_plan.py); the paper's rule is off by up to a factor of 2 there. Mixed-speed pools are
   approximate (see the notes for the measured error).
 - A worker that cannot return one group (G rollouts) within S + 1 steps of T gets no lease from the
@@ -144,7 +144,7 @@ def mu_min_paper(inp: PlanInputs) -> float:
 
 def working(inp: PlanInputs, pool: list[WorkerSpec]) -> list[WorkerSpec]:
     """The workers the coordinator leases to: one group (G rollouts) comes back while it is admissible, within
-    S + 1 steps of T (`Coordinator._lease_cap`). A slower one gets no lease: it adds no throughput and takes
+    S + 1 steps of T (`learner/leases.lease_cap`). A slower one gets no lease: it adds no throughput and takes
     no room. Example: G=8, S=2, T=10 s: a worker needs 8/30 = 0.27 rollouts/s.
     Not with S_e = 0: there the learner waits for whoever holds part of the one batch in flight, the measured
     step stretches to that worker's lease, and the cap (on the measured step) lets it in: every worker works."""
@@ -165,7 +165,7 @@ def batch_time(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     with q=8: L = 4 s, 2 rounds of 4 leases, t_gen = 8 s.
     With S_e = 0 the batch is the first B prompts leased, so whoever asks first holds part of it: t_gen is at
     least max_i L_i. With S_e >= 1 the coordinator leases up to S_e + 1 batches ahead, and each worker holds
-    only what it returns while its groups stay admissible (`Coordinator._lease_cap`): a slow worker's group
+    only what it returns while its groups stay admissible (`learner/leases.lease_cap`): a slow worker's group
     goes into a later batch, and the batch does not wait for it.
     """
     if not pool:

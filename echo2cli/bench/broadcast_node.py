@@ -1,7 +1,7 @@
 """One process of `echo2 bench broadcast`: the origin (learner side) or a fetcher (worker side).
 
-    python -m echo2cli.broadcast.benchnode origin  --dir D --torrent T --bind IP --port P [--up-mbps U]
-    python -m echo2cli.broadcast.benchnode fetch   --method swarm|star --torrent T --out D --bind IP
+    python -m echo2cli.bench.broadcast_node origin  --dir D --torrent T --bind IP --port P [--up-mbps U]
+    python -m echo2cli.bench.broadcast_node fetch   --method swarm|star --torrent T --out D --bind IP
                                                    [--url URL] [--slot k/n] [--up-mbps u] [--down-mbps d]
 
 Each runs inside its own network namespace (or on loopback) and talks to the orchestrator over
@@ -146,7 +146,7 @@ def run_fetch(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="benchnode")
+    p = argparse.ArgumentParser(prog="broadcast_node")
     p.add_argument("role", choices=["origin", "fetch"])
     p.add_argument("--file", help="origin: the payload file")
     p.add_argument("--torrent", required=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from echo2cli.broadcast.netem import Fleet, Link, namespaces_available
+from echo2cli.bench.netem import Fleet, Link, namespaces_available
 from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.errors import BroadcastError, ConfigError
 from echo2cli.layout import weights_path
@@ -119,7 +119,7 @@ def run_trial(
     use_netns: bool,
 ) -> Row:
     """One distribution of `payload` to n fresh fetchers; returns its row."""
-    py = [sys.executable, "-m", "echo2cli.broadcast.benchnode"]
+    py = [sys.executable, "-m", "echo2cli.bench.broadcast_node"]
     links = {"learner": Link(up_mbps, max(up_mbps, worker_up_mbps) * 4)}
     links |= {f"w{i}": Link(worker_up_mbps, worker_down_mbps) for i in range(n)}
     trial_dir = work / f"{method}-{n}"

@@ -31,8 +31,8 @@ from typing import Any
 
 from echo2cli.errors import ConfigError
 from echo2cli.metrics import read_metrics
-from echo2cli.plan import InfeasibleError as _Infeasible
-from echo2cli.plan import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
+from echo2cli.plan.model import InfeasibleError as _Infeasible
+from echo2cli.plan.model import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
 
 WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
 LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}
@@ -118,7 +118,7 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from echo2cli.simulate import SimWorker, simulate
+    from echo2cli.plan.simulator import SimWorker, simulate
 
     mu0 = sum(w.rollouts_per_s for w in pool)
     try:
