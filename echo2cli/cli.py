@@ -254,10 +254,10 @@ def worker(
         ),
         "worker",
     )
-    from echo2cli.worker.loop import Worker, install_sigterm_as_interrupt
+    from echo2cli.worker.loop import create_worker, install_sigterm_as_interrupt
 
     install_sigterm_as_interrupt()
-    stats = Worker(cfg, console=Console(stderr=True, quiet=quiet)).run()
+    stats = create_worker(cfg, console=Console(stderr=True, quiet=quiet)).run()
     console.print(json.dumps(stats), soft_wrap=True) if not quiet else None
 
 

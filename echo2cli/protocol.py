@@ -158,7 +158,6 @@ class RolloutBatch(_Msg):
         description="leased prompts the worker's engine cannot take (longer than its "
         "context): leased again to another worker",
     )
-    gen_s: float = Field(default=0.0, ge=0.0, description="wall time the engine spent generating the batch")
 
 
 class SubmitResult(_Msg):

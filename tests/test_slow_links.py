@@ -13,11 +13,10 @@ from types import SimpleNamespace
 from conftest import make_coord
 
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
-from echo2cli.config import WorkerConfig
 from echo2cli.learner.publisher import MAX_HELD_FOR_DOWNLOADS, Publisher
 from echo2cli.protocol import Heartbeat, PolicyInfo
-from echo2cli.worker import loop
-from echo2cli.worker.loop import Worker
+from echo2cli.worker import versions
+from echo2cli.worker.versions import VersionStore
 
 
 def policy(version: int, at: float = 0.0) -> PolicyInfo:
@@ -109,29 +108,26 @@ def real_policy(tmp_path, version: int) -> PolicyInfo:
     )
 
 
-def fetching_worker(tmp_path, newest: PolicyInfo) -> Worker:
-    worker = Worker(WorkerConfig(join="http://127.0.0.1:9", work_dir=tmp_path / "w"))
-    worker.node = FakeNode()
-    worker.client = SimpleNamespace(policy=lambda worker_id="": newest)
-    return worker
+def fetching_store(tmp_path) -> VersionStore:
+    return VersionStore(FakeNode(), tmp_path / "w" / "versions", events=None, log=lambda line: None)
 
 
 def test_a_download_in_progress_is_finished_before_a_newer_version_is_fetched(tmp_path):
-    worker = fetching_worker(tmp_path, real_policy(tmp_path, 3))
-    worker._start_fetch(real_policy(tmp_path, 1))
-    worker.node.bytes = 1000
-    worker._maybe_fetch(3)  # a heartbeat announces version 3 while version 1 is a third done
-    assert worker.downloading.version == 1
-    assert worker.node.fetched == [1] and worker.node.removed == []
+    store, newest = fetching_store(tmp_path), real_policy(tmp_path, 3)
+    store.start(real_policy(tmp_path, 1))
+    store.node.bytes = 1000
+    store.follow(3, lambda: newest)  # a heartbeat announces version 3 while version 1 is a third done
+    assert store.pending.policy.version == 1
+    assert store.node.fetched == [1] and store.node.removed == []
 
 
 def test_a_stalled_download_gives_way_to_the_newest_version(tmp_path):
-    worker = fetching_worker(tmp_path, real_policy(tmp_path, 3))
-    worker._start_fetch(real_policy(tmp_path, 1))
-    worker._progress = (0, time.monotonic() - loop.FETCH_STALL_S - 1)  # no byte for longer than the limit
-    worker._maybe_fetch(3)
-    assert worker.downloading.version == 3
-    assert worker.node.fetched == [1, 3] and 1 in worker.node.removed
+    store, newest = fetching_store(tmp_path), real_policy(tmp_path, 3)
+    store.start(real_policy(tmp_path, 1))
+    store.pending.progress = (0, time.monotonic() - versions.FETCH_STALL_S - 1)  # no byte for longer than the limit
+    store.follow(3, lambda: newest)
+    assert store.pending.policy.version == 3
+    assert store.node.fetched == [1, 3] and 1 in store.node.removed
 
 
 def test_a_seed_announces_often_enough_to_stay_listed_on_the_tracker():

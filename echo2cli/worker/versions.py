@@ -1,0 +1,260 @@
+"""A worker's version store: the policy versions it fetches, verifies, loads, seeds and prunes.
+
+    start(policy)   check the .torrent against the announcement (trust.py), then fetch the delta if the version
+                    it applies to is the one loaded and verified, else the full version (the fetch slot first)
+    ready()         complete and verified: libtorrent checked every piece, then the whole file's SHA-256 (a delta
+                    is rebuilt and checked against the version's SHA-256, then seeded as the full version)
+    take()          the engine now runs it (record_load: a line of events.jsonl); prune(S) deletes versions older
+                    than S + 1 behind it
+    follow(latest)  a newer version was announced: fetch it once nothing is in progress, or once the download in
+                    progress has stalled for FETCH_STALL_S. A download in progress is finished first, even
+                    when newer versions appear: on a slow link a multi-GB version can take several learner
+                    steps, and abandoning it for each newer one would never finish anything.
+    go_back(policy) the learner resumed from a checkpoint older than our versions: they no longer exist
+
+Every method but `heartbeat_fields` takes `lock`: the worker's main loop (swaps, leases) and its heartbeat thread
+(`follow`) share the store. The worker holds it across a whole swap so no fetch starts halfway.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from echo2cli.broadcast.delta import apply_delta
+from echo2cli.broadcast.node import TorrentNode
+from echo2cli.broadcast.torrent import TorrentFile, sha256_file
+from echo2cli.errors import BroadcastError
+from echo2cli.layout import VersionKey
+from echo2cli.metrics import MetricsWriter
+from echo2cli.protocol import PolicyInfo
+from echo2cli.worker.trust import check_torrent
+
+FETCH_STALL_S = 60.0  # a download without a byte for this long gives way to the newest version
+
+
+class Via(StrEnum):
+    """How a version travels: its full file, or a delta against the version loaded, rebuilt locally."""
+
+    FULL = "full"
+    DELTA = "delta"
+
+
+@dataclass
+class Pending:
+    """The version being fetched."""
+
+    policy: PolicyInfo
+    via: Via
+    progress: tuple[int, float] = field(default_factory=lambda: (0, time.monotonic()))  # bytes, when they last grew
+
+    @property
+    def key(self) -> VersionKey:
+        return VersionKey(self.policy.version, delta=self.via is Via.DELTA)
+
+
+class VersionStore:
+    def __init__(self, node: TorrentNode, root: Path, events: MetricsWriter, log: Callable[[str], None]) -> None:
+        self.node, self.root, self.events, self.log = node, root, events, log
+        self.lock = threading.RLock()
+        self.loaded = -1  # the version the engine runs (or starts with)
+        self.pending: Pending | None = None
+        self._verified = -1  # version whose file SHA-256 has been checked
+        self._rechecked = -1  # version whose pieces were re-checked after a SHA-256 mismatch
+        self._t_rebuild = 0.0
+
+    def weights(self, version: int) -> Path:
+        return VersionKey(version).path(self.root)
+
+    # -- fetching ------------------------------------------------------------------------------------
+
+    def start(self, policy: PolicyInfo) -> None:
+        """Fetch `policy`'s version: its delta if we hold the base (loaded and verified), else the full file."""
+        with self.lock:
+            torrent = TorrentFile.from_b64(policy.torrent_b64)
+            check_torrent(policy, torrent.data)  # one file, at our path, of the announced size and info-hash
+            slot = (policy.slot, policy.slots) if policy.slot < policy.slots else None
+            if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
+                delta = TorrentFile.from_b64(policy.delta_torrent_b64)
+                check_torrent(policy, delta.data, delta=True)
+                if delta.info_hash == policy.delta_info_hash:
+                    self.pending = Pending(policy, Via.DELTA)
+                    self.node.fetch(self.pending.key, delta.data, self.root, slot=slot)
+                    return
+            self.pending = Pending(policy, Via.FULL)
+            self.node.fetch(self.pending.key, torrent.data, self.root, slot=slot)
+
+    def follow(self, latest: int, newest: Callable[[], PolicyInfo], block: bool = True) -> None:
+        """`latest` was announced: fetch the newest version (`newest()` asks the learner) if it is newer than what
+        we hold and nothing is in progress, or what is in progress has stalled (then it is dropped).
+        `block=False`: give up at once if the lock is taken (the heartbeat thread; the next beat tries again)."""
+        if not self.lock.acquire(blocking=block):
+            return
+        try:
+            pending = self.pending
+            if latest <= self.loaded or (
+                pending is not None and (pending.policy.version >= latest or not self.stalled())
+            ):
+                return
+            policy = newest()
+            if pending is not None:
+                self.log(
+                    f"version {pending.policy.version} stalled for {FETCH_STALL_S:.0f} s: fetching {policy.version}"
+                )
+                self._drop(pending.policy.version)
+                self.pending = None
+            self.start(policy)
+        finally:
+            self.lock.release()
+
+    def stalled(self) -> bool:
+        """No byte of the pending download arrived for FETCH_STALL_S (a complete one waiting to be loaded is not
+        stalled)."""
+        with self.lock:
+            if self.pending is None:
+                return False
+            transfer = self.node.transfers.get(self.pending.key)
+            if transfer is None or transfer.finished_at is not None:
+                return False
+            got, since = self.pending.progress
+            now_bytes = self.node.download_bytes(self.pending.key)
+            if now_bytes != got:
+                self.pending.progress = (now_bytes, time.monotonic())
+                return False
+            return time.monotonic() - since > FETCH_STALL_S
+
+    def ready(self) -> bool:
+        """Poll the swarm; True once the pending version is complete and its SHA-256 verified."""
+        with self.lock:
+            self.node.poll()
+            if self.pending is None:  # a stalled fetch was dropped and its successor not started yet
+                return False
+            policy = self.pending.policy
+            if self._verified == policy.version:
+                return True
+            self.node.check(self.pending.key)
+            if self.node.transfers[self.pending.key].finished_at is None:
+                return False
+            verified = self._rebuild(policy) if self.pending.via is Via.DELTA else self._check_sha256(policy)
+            if verified:
+                self._verified = policy.version  # hash it once, not again when the swap follows a wait
+            return verified
+
+    def _check_sha256(self, policy: PolicyInfo) -> bool:
+        if sha256_file(self.weights(policy.version)) == policy.sha256:
+            return True
+        # libtorrent verified the pieces, so the file changed on disk: a recheck repairs it. Verified again and
+        # still wrong, the torrent itself does not describe the announced file: refuse the learner.
+        if self._rechecked == policy.version:
+            raise BroadcastError(
+                f"version {policy.version}: every piece verified, but the file's SHA-256 is not the one the learner "
+                "announced: its torrent and its hash disagree"
+            )
+        self._rechecked = policy.version
+        self.node.recheck(VersionKey(policy.version))
+        return False
+
+    def _rebuild(self, policy: PolicyInfo) -> bool:
+        """The delta is here: rebuild the full file (apply_delta checks its SHA-256), then seed it too."""
+        assert policy.delta_base is not None and self.pending is not None
+        t0 = time.perf_counter()
+        full, delta = VersionKey(policy.version), VersionKey(policy.version, delta=True)
+        try:
+            apply_delta(
+                self.weights(policy.delta_base),
+                delta.path(self.root),
+                full.path(self.root),
+                expected_sha256=policy.sha256,
+                base_verified=True,
+            )
+        except BroadcastError as exc:
+            self.log(f"delta for version {policy.version} unusable ({exc}); fetching the full version")
+            self.node.remove(delta, delete_dir=delta.dir(self.root))
+            self.pending = Pending(policy, Via.FULL)
+            self.node.fetch(full, TorrentFile.from_b64(policy.torrent_b64).data, self.root)
+            return False
+        self._t_rebuild = time.perf_counter() - t0
+        self.node.seed(full, TorrentFile.from_b64(policy.torrent_b64).data, self.root)
+        return True
+
+    def _drop(self, version: int) -> None:
+        for key in (VersionKey(version), VersionKey(version, delta=True)):
+            self.node.remove(key, delete_dir=key.dir(self.root))
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def take(self) -> Pending:
+        """The pending version, ready, becomes the loaded one."""
+        with self.lock:
+            assert self.pending is not None
+            pending, self.pending = self.pending, None
+            self.loaded = pending.policy.version
+            return pending
+
+    def record_load(self, worker_id: str, pending: Pending, t_reload: float, t_swap: float | None = None) -> None:
+        """A line of events.jsonl. `t_swap`: from the last piece verified to the engine generating with the version
+        (None: until now)."""
+        transfer = self.node.transfers.get(pending.key) or self.node.transfers[VersionKey(pending.policy.version)]
+        if t_swap is None:
+            t_swap = time.time() - (transfer.finished_at or time.time())
+        self.events.write(self._load_event(worker_id, pending, transfer, t_reload, t_swap))
+
+    def _load_event(self, worker_id: str, pending: Pending, transfer: Any, t_reload: float, t_swap: float) -> dict:
+        policy = pending.policy
+        return {
+            "event": "loaded",
+            "worker_id": worker_id,
+            "version": policy.version,
+            "info_hash": policy.info_hash,
+            "sha256": policy.sha256,
+            "sha256_verified": True,
+            "via": str(pending.via),
+            "downloaded_bytes": self.node.download_bytes(pending.key),
+            "size_bytes": policy.size_bytes,
+            "hash_failures": transfer.hash_failures,
+            "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
+            "t_rebuild_s": self._t_rebuild if pending.via is Via.DELTA else 0.0,
+            "t_reload_s": t_reload,
+            "t_swap_s": t_swap,
+            "time": time.time(),
+        }
+
+    def prune(self, staleness: int) -> None:
+        """Versions older than S + 1 behind the loaded one can make no admissible rollout: delete them."""
+        with self.lock:
+            keep_after = self.loaded - (staleness + 1)
+            for key in [k for k in self.node.transfers if k.version < keep_after]:
+                self.node.remove(key, delete_dir=key.dir(self.root))
+
+    def go_back(self, policy: PolicyInfo) -> None:
+        """The learner resumed at `policy`, older than what we hold or fetch: versions after it no longer exist.
+        Start again from it (its file, if we have it, is kept: re-adding it re-checks it, fast)."""
+        with self.lock:
+            for key in list(self.node.transfers):
+                if key.version >= policy.version:
+                    gone = key.version > policy.version
+                    self.node.remove(key, delete_dir=key.dir(self.root) if gone else None)
+            self.loaded, self._verified, self.pending = -1, -1, None
+            self.start(policy)
+
+    def ahead_of(self, version: int) -> bool:
+        """We hold or fetch a version the learner does not have."""
+        with self.lock:
+            return self.loaded > version or (self.pending is not None and self.pending.policy.version > version)
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        """What the learner is told about our downloads. Read without the lock (a heartbeat must not wait for a
+        swap or a hash check): `pending` is read once."""
+        pending = self.pending
+        progress = min(1.0, self.node.progress(pending.key)) if pending else 0.0
+        return {
+            "downloading_version": pending.policy.version if pending else None,
+            "download_progress": progress,
+            "ready_version": pending.policy.version if pending and progress >= 1.0 else -1,
+            "upload_bytes": self.node.upload_bytes(),
+        }

@@ -1,0 +1,182 @@
+"""The worker's swap, rejoin and late-join logic, with fakes of the learner, the torrent session and the engine
+(tests/worker_fakes.py): real version files, torrents, SHA-256 checks and deltas; no sockets, no vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from worker_fakes import FakeEngine, FakeLearner, FakeNode, Published
+
+from echo2cli.config import WorkerConfig
+from echo2cli.errors import BroadcastError, ProtocolError
+from echo2cli.layout import VersionKey
+from echo2cli.protocol import Lease, LeaseResponse, PromptItem
+from echo2cli.worker import versions
+from echo2cli.worker.engine import Completion
+from echo2cli.worker.loop import Stats, Worker, rollout_batch
+
+
+@pytest.fixture
+def learner(tmp_path):
+    published = Published(tmp_path / "learner")
+    published.publish(0)
+    return FakeLearner(published)
+
+
+def started_worker(tmp_path, learner: FakeLearner) -> Worker:
+    """A worker that joined and started its engine on the learner's latest version."""
+    node = FakeNode(learner.published.root)
+    worker = Worker(
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
+        client=learner,
+        make_node=lambda key: node,
+        make_engine=FakeEngine,
+    )
+    worker._open(worker._join())
+    worker._start(worker.join_info)
+    return worker
+
+
+def publish(learner: FakeLearner, version: int, **kw) -> None:
+    learner.published.publish(version, **kw)
+    learner.latest = version
+
+
+def loads(worker: Worker) -> list[dict]:
+    return [json.loads(line) for line in (worker.work_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_verified_download_is_swapped_in_between_leases_and_versions_past_s_plus_one_pruned(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    assert worker.engine.started_with == worker.store.weights(0)
+    for v in (1, 2, 3):
+        publish(learner, v, delta=False)
+        worker._work_once(Stats())  # the lease reply announces v: its fetch starts
+        worker._work_once(Stats())  # between leases: v is verified and swapped in
+        assert worker.store.loaded == v and worker.engine.reloads[-1] == VersionKey(v).dir(worker.store.root)
+        assert (worker.work_dir / "engine" / "model.safetensors").resolve() == worker.store.weights(v)
+    assert [e["version"] for e in loads(worker)] == [0, 1, 2, 3] and all(e["sha256_verified"] for e in loads(worker))
+    assert not VersionKey(0).dir(worker.store.root).exists()  # S = 1: older than v3 - 2 is gone
+    assert VersionKey(1).dir(worker.store.root).exists()
+
+
+def test_a_delta_against_the_loaded_version_is_fetched_and_rebuilt_to_the_announced_sha256(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    publish(learner, 1)
+    worker._work_once(Stats())
+    worker._work_once(Stats())
+    event = loads(worker)[-1]
+    assert event["version"] == 1 and event["via"] == "delta"
+    assert worker.store.weights(1).read_bytes() == VersionKey(1).path(learner.published.root).read_bytes()
+    assert VersionKey(1) in worker.node.transfers  # the rebuilt version is seeded too
+
+
+def test_a_delta_that_does_not_rebuild_the_version_falls_back_to_the_full_file(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    publish(learner, 1)
+    VersionKey(1, delta=True).path(learner.published.root).write_bytes(b"not a delta")
+    worker._work_once(Stats())
+    worker._work_once(Stats())  # the delta arrives and fails: the full version is fetched
+    worker._work_once(Stats())
+    assert worker.store.loaded == 1 and loads(worker)[-1]["via"] == "full"
+
+
+def test_a_file_that_fails_its_sha256_is_rechecked_once_then_refused(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    publish(learner, 1, delta=False)
+    VersionKey(1).path(learner.published.root).write_bytes(b"\0" * 16)  # the swarm serves another file
+    worker._work_once(Stats())
+    worker._work_once(Stats())  # hash mismatch: recheck
+    with pytest.raises(BroadcastError, match="SHA-256"):
+        worker._work_once(Stats())
+    assert worker.store.loaded == 0
+
+
+def test_a_late_joiner_starts_on_the_newest_version_once_its_first_download_stalls(tmp_path, learner, monkeypatch):
+    monkeypatch.setattr(versions, "FETCH_STALL_S", 0.0)
+    node = FakeNode(learner.published.root)
+    node.held.add(0)  # version 0 never arrives: a slow link
+    worker = Worker(
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
+        client=learner,
+        make_node=lambda key: node,
+        make_engine=FakeEngine,
+    )
+    worker._open(worker._join())
+    worker.store.start(learner.policy())
+    publish(learner, 1)
+    worker._follow(1)  # a heartbeat announces version 1 while version 0 has not moved
+    assert node.fetched == [0, 1] and 0 in node.removed  # the delta needs v0: the full v1 is fetched
+    worker._wait_download()
+    first = worker.store.take()
+    assert first.policy.version == 1
+
+
+def test_a_late_joiner_keeps_a_first_download_that_makes_progress(tmp_path, learner):
+    node = FakeNode(learner.published.root)
+    node.held.add(0)
+    worker = Worker(
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
+        client=learner,
+        make_node=lambda key: node,
+        make_engine=FakeEngine,
+    )
+    worker._open(worker._join())
+    worker.store.start(learner.policy())
+    publish(learner, 1)
+    node.bytes = 1000
+    worker._follow(1)
+    assert worker.store.pending.policy.version == 0 and node.fetched == [0]
+
+
+def test_a_worker_rejoins_a_learner_resumed_behind_it_and_goes_back_to_the_learners_version(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    for v in (1, 2):
+        publish(learner, v)
+        worker._work_once(Stats())
+        worker._work_once(Stats())
+    assert worker.store.loaded == 2
+    learner.restart(at_version=1)  # it crashed after its checkpoint at step 1: version 2 no longer exists
+    stats = Stats()
+    worker._work_once(stats)
+    assert stats.rejoins == 1 and worker.worker_id == "w2" and worker.node.tracker_key == "key2"
+    assert worker.store.loaded == 1 and worker.engine.reloads[-1] == VersionKey(1).dir(worker.store.root)
+    assert not VersionKey(2).dir(worker.store.root).exists()
+
+
+def test_a_rejoin_at_the_same_version_keeps_the_engine_and_the_versions(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    publish(learner, 1)
+    worker._work_once(Stats())
+    worker._work_once(Stats())
+    reloads, fetched = list(worker.engine.reloads), list(worker.node.fetched)
+    learner.restart(at_version=1)
+    worker._work_once(Stats())
+    assert worker.worker_id == "w2" and worker.store.loaded == 1
+    assert worker.engine.reloads == reloads and worker.node.fetched == fetched
+
+
+def test_a_learner_that_now_runs_another_run_is_refused(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    learner.restart(at_version=0, run_id="run2")
+    with pytest.raises(ProtocolError, match="another run"):
+        worker._work_once(Stats())
+
+
+def test_a_lease_is_generated_and_submitted_and_unservable_prompts_handed_back(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)
+    items = [PromptItem(prompt_id=7, prompt_token_ids=[1, 2, 3])]
+    learner.lease_answers.append(
+        LeaseResponse(
+            status="ok", latest_version=0, lease=Lease(lease_id="l1", version=0, prompts=items, deadline_s=60)
+        )
+    )
+    stats = Stats()
+    worker._work_once(stats)
+    assert stats.leases == 1 and stats.rollouts == 2 == stats.accepted
+    lease = Lease(
+        lease_id="l2", version=0, prompts=[*items, PromptItem(prompt_id=8, prompt_token_ids=[4])], deadline_s=1
+    )
+    batch = rollout_batch("w1", lease, [[Completion([5], [-0.5], "stop")] * 2, []])
+    assert [s.prompt_id for s in batch.samples] == [7, 7] and batch.unservable == [8]
