@@ -10,7 +10,7 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -46,6 +46,18 @@ class _Config(BaseModel):
 
 
 class LearnerConfig(_Config):
+    """`echo2 learner`."""
+
+    HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
+        "Run": "model task out_dir steps seed checkpoint_every torch_threads",
+        "GRPO": "prompts_per_step group_size max_new_tokens temperature staleness kappa lr clip_eps is_cap kl_coef "
+        "max_grad_norm micro_batch reward_timeout_s",
+        "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
+        "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
+        "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
+        "Evaluation": "eval_every eval_limit eval_k",
+    }
+
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
     task: str = Field("arithmetic", description="task adapter: arithmetic | math | poker | 'package.module:Class'")
     task_options: dict[str, Any] = Field(
@@ -61,7 +73,7 @@ class LearnerConfig(_Config):
     )
     eval_limit: int = Field(100, ge=1, description="held-out problems per periodic evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in periodic evaluations")
-    out_dir: Path = Field(Path("runs/latest"), description="metrics, policy versions and checkpoints")
+    out_dir: Path = Field(Path("runs/latest"), description="run directory: metrics, policy versions, checkpoints")
     steps: int = Field(20, ge=1, description="optimizer steps to run")
     prompts_per_step: int = Field(8, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt for the group baseline")
@@ -73,16 +85,23 @@ class LearnerConfig(_Config):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
     is_cap: float = Field(3.0, gt=1.0, description="C: importance-weight truncation (dual clip)")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward pass")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the prompt stream and of torch")
     host: str = Field("127.0.0.1", description="address the HTTP API and tracker bind to")
-    port: int = Field(8700, ge=0, le=65535, description="0 = any free port")
-    public_url: str | None = Field(None, description="URL workers use to reach this learner (default: bound)")
+    port: int = Field(8700, ge=0, le=65535, description="port of the API and tracker (0 = any free port)")
+    public_url: str | None = Field(
+        None,
+        description="URL workers use to reach this learner",
+        json_schema_extra={"shown_default": "http(s)://HOST:PORT as bound"},
+    )
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
-    uplink_mbps: float = Field(0.0, ge=0.0, description="cap on the learner's torrent upload (0 = none)")
+    uplink_mbps: float = Field(0.0, ge=0.0, description="cap on the learner's torrent upload, Mbit/s (0 = none)")
     token: str | None = Field(
-        None, exclude=True, repr=False, description="join token workers must present (never written to disk or logs)"
+        None,
+        exclude=True,
+        repr=False,
+        description="join token workers must present (or ECHO2_TOKEN; never written to disk or logs)",
     )
     token_file: Path | None = Field(None, description="read the join token from this file instead")
     insecure_no_token: bool = Field(
@@ -131,29 +150,50 @@ class LearnerConfig(_Config):
 
 
 class WorkerConfig(_Config):
+    """`echo2 worker`."""
+
+    HELP_PANELS: ClassVar[dict[str, str]] = {
+        "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
+        "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s",
+        "Swarm": "bt_listen uplink_mbps downlink_mbps",
+        "This worker": "name work_dir usd_per_hour",
+    }
+
     join: str = Field(description="learner URL, e.g. http://10.0.0.5:8700")
-    token: str | None = Field(None, exclude=True, repr=False, description="the learner's join token")
+    token: str | None = Field(
+        None, exclude=True, repr=False, description="the learner's join token (or ECHO2_TOKEN, or --token-file)"
+    )
     token_file: Path | None = Field(None, description="read the join token from this file instead")
     ca_cert: Path | None = Field(
         None,
         description="trust this certificate (a private CA, or the learner's "
         "self-signed one) for an https:// learner, besides the system CAs",
     )
-    name: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
-    work_dir: Path | None = Field(None, description="where versions are stored (default: ~/.cache/echo2/workers/NAME)")
+    name: str = Field(
+        default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}",
+        description="worker name, as the learner lists it",
+        json_schema_extra={"shown_default": "HOST-PID"},
+    )
+    work_dir: Path | None = Field(
+        None,
+        description="where versions are stored",
+        json_schema_extra={"shown_default": "~/.cache/echo2/workers/NAME"},
+    )
     prompts_per_lease: int = Field(4, ge=1, le=256, description="prompts asked for per lease")
-    kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM KV cache size on CPU")
-    max_model_len: int = Field(1024, ge=64)
+    kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM KV cache size on CPU, GiB")
+    max_model_len: int = Field(1024, ge=64, description="the engine's context: prompt + completion tokens")
     dtype: str = Field("auto", description="engine compute dtype: auto | bfloat16 | float32")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
-    uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload (0 = none)")
+    uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload, Mbit/s (0 = none)")
     downlink_mbps: float = Field(
         0.0,
         ge=0.0,
-        description="cap on this worker's torrent download, e.g. to "
+        description="cap on this worker's torrent download, Mbit/s, e.g. to "
         "emulate a slow link or leave bandwidth to others (0 = none)",
     )
-    usd_per_hour: float = Field(0.0, ge=0.0, description="price of this worker, for cost-aware activation")
+    usd_per_hour: float = Field(
+        0.0, ge=0.0, description="price of this worker in $/h: the learner activates the cheapest per rollout first"
+    )
     max_rollouts_per_s: float = Field(
         0.0, ge=0.0, description="throttle generation to this rate, emulating a slower GPU (0 = no throttle)"
     )
@@ -165,18 +205,119 @@ class WorkerConfig(_Config):
         description="once joined, keep retrying a learner that went "
         "away this long (a restart resuming from its checkpoint) before giving up",
     )
-    seed: int = 0
+    seed: int = Field(0, description="the engine's sampling seed")
 
 
 class DemoConfig(_Config):
-    steps: int = Field(20, ge=1)
-    workers: int = Field(2, ge=1, le=16)
-    out_dir: Path = Path("runs/demo")
-    prompts_per_step: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2)
-    staleness: int = Field(2, ge=0)
-    lr: float = Field(5e-5, gt=0.0)
-    port: int = Field(0, ge=0, le=65535)
+    """`echo2 demo`: a learner and local workers on the default model and the arithmetic task."""
+
+    steps: int = Field(20, ge=1, description="optimizer steps")
+    workers: int = Field(2, ge=1, le=16, description="local workers, each a process with its own vLLM engine")
+    out_dir: Path = Field(Path("runs/demo"), description="run directory (replaced)")
+    prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
+    group_size: int = Field(8, ge=2, description="G: samples per prompt")
+    staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
+    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
+
+
+class EvalConfig(_Config):
+    """`echo2 eval`."""
+
+    task: str | None = Field(
+        None,
+        description="arithmetic | math | poker | package.module:Class",
+        json_schema_extra={"shown_default": "the run's task with --run, else arithmetic"},
+    )
+    model: str | None = Field(
+        None,
+        description="'default' or an HF model directory (a checkpoint is one)",
+        json_schema_extra={"shown_default": "the run's newest checkpoint with --run, else default"},
+    )
+    run: Path | None = Field(
+        None, description="a learner run directory: its newest checkpoint, task, task options and completion length"
+    )
+    version: int | None = Field(
+        None, ge=0, description="with --run: a published version (RUN/versions/vN; the newest S+1 are kept)"
+    )
+    limit: int = Field(200, ge=1, description="held-out problems (the first N distinct ones of the eval split)")
+    k: int = Field(4, ge=0, description="samples per problem at temperature 1 for pass@k (0 = greedy only)")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="completion length cap",
+        json_schema_extra={"shown_default": "the run's, or the task's suggestion, or 16"},
+    )
+    option: list[str] = Field(
+        default_factory=list,
+        description="task option KEY=VALUE (repeatable; VALUE as JSON if it parses, else text), e.g. "
+        "--option path=gsm8k.jsonl",
+    )
+    seed: int = Field(0, description="seed of the eval split's problems and of the engine's sampling")
+    kv_cache_gib: float = Field(4.0, gt=0.0, description="vLLM KV cache on CPU, GiB: room for many problems at once")
+    out: Path | None = Field(
+        None,
+        description="write the result as JSON here",
+        json_schema_extra={"shown_default": "RUN/eval/TASK-step_N.json with --run"},
+    )
+
+
+class PlanConfig(_Config):
+    """`echo2 plan`: numbers given here override those of --from-run."""
+
+    batch: float | None = Field(None, description="B: rollouts per learner step (prompts x G)")
+    t_train_s: float | None = Field(None, description="T_train: learner busy seconds per step")
+    t_bcast_s: float | None = Field(None, description="T_bcast: publish -> fleet generating with it, s")
+    staleness: int | None = Field(None, description="S: max policy lag of a trained rollout")
+    kappa: int | None = Field(None, description="publish every kappa steps", json_schema_extra={"shown_default": 1})
+    gamma: float | None = Field(None, description="provision gamma * mu_min", json_schema_extra={"shown_default": 1.1})
+    workers: Path | None = Field(
+        None, description="pool TOML: [[workers]] name, usd_per_hour, rollouts_per_s (see examples/pool-8.toml)"
+    )
+    mu: str | None = Field(None, description="a pool of free workers instead: rollouts/s, comma-separated")
+    from_run: Path | None = Field(
+        None, description="learner run directory: measured T_train, T_bcast, B, S, kappa and per-worker throughput"
+    )
+    rule: Literal["echo2", "paper"] = Field(
+        "echo2",
+        description="threshold activation targets: echo2 (derived, simulator-checked) or paper "
+        "(kappa*B/(kappa*T_train - T_bcast))",
+    )
+    lease_rollouts: float = Field(32.0, description="q: rollouts per lease (prompts per lease x G)")
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        description="G: rollouts per prompt; a worker that cannot return G within S+1 steps gets no lease",
+        json_schema_extra={"shown_default": 8},
+    )
+    learner_usd_per_hour: float | None = Field(None, description="learner price, counted in every cost")
+    learner_rollouts_per_s: float | None = Field(
+        None, description="learner's own generation rate (centralized baseline)"
+    )
+    seed: int = Field(0, description="seed of the random-activation baseline")
+
+
+class BenchBroadcastConfig(_Config):
+    """`echo2 bench broadcast`."""
+
+    workers: str = Field("1,2,4,8", description="worker counts N to try, comma-separated")
+    uplink_mbps: float = Field(100.0, gt=0, description="learner uplink cap U, Mbit/s")
+    worker_up_mbps: float | None = Field(
+        None, gt=0, description="each worker's uplink cap, Mbit/s", json_schema_extra={"shown_default": "U"}
+    )
+    worker_down_mbps: float | None = Field(
+        None, gt=0, description="each worker's downlink cap, Mbit/s", json_schema_extra={"shown_default": "U"}
+    )
+    size_mb: float | None = Field(
+        None,
+        gt=0,
+        description="synthetic payload of this many MB",
+        json_schema_extra={"shown_default": "the default model in bf16, 269 MB"},
+    )
+    method: str = Field("star,swarm", description="methods to run: star, swarm or both")
+    mode: Literal["auto", "netns", "loopback"] = Field(
+        "auto", description="netns: namespaces + tc tbf, needs root; loopback: libtorrent and HTTP rate limits"
+    )
 
 
 C = TypeVar("C", bound=_Config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import shutil
 import tempfile
 import time
@@ -24,11 +25,67 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from echo2cli.config import EvalConfig
 from echo2cli.errors import ConfigError
-from echo2cli.layout import VERSIONS_DIR, kept_versions, weights_path
+from echo2cli.layout import VERSIONS_DIR, VersionKey, kept_versions, weights_path
+from echo2cli.learner.checkpoint import find_checkpoint, read_state
 from echo2cli.models import model_dir_with_weights, resolve_model
 from echo2cli.tasks import Problem, Score, encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
+
+
+def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
+    """`echo2 eval`: resolve the model, task, options and completion length (from `--run` where given), evaluate,
+    write the result where asked (with --run, by default `RUN/eval/TASK-step_N.json`). Returns it and its path."""
+    task, model, max_new_tokens, options, checkpoint = cfg.task, cfg.model, cfg.max_new_tokens, {}, None
+    if cfg.version is not None and cfg.run is None:
+        raise ConfigError("--version needs --run: the run directory whose published version to evaluate")
+    if cfg.run is not None:
+        checkpoint = find_checkpoint(cfg.run)
+        saved = read_state(checkpoint)["config"]
+        task = task or saved["task"]
+        options = dict(saved.get("task_options") or {}) if task == saved["task"] else {}
+        max_new_tokens = max_new_tokens or saved.get("max_new_tokens")
+        model = model or str(checkpoint)
+    task = task or "arithmetic"
+    options.update(parse_options(cfg.option))
+    if max_new_tokens is None:
+        max_new_tokens = int(getattr(load_task(task, options), "max_new_tokens", 16))
+    with contextlib.ExitStack() as stack:
+        if cfg.version is not None and cfg.run is not None and checkpoint is not None:
+            model = str(stack.enter_context(published_version(cfg.run, cfg.version, checkpoint)))
+        result = evaluate(
+            model or "default",
+            task,
+            task_options=options,
+            limit=cfg.limit,
+            k=cfg.k,
+            max_new_tokens=max_new_tokens,
+            seed=cfg.seed,
+            kv_cache_gib=cfg.kv_cache_gib,
+        )
+    out = cfg.out
+    if out is None and cfg.run is not None and checkpoint is not None:
+        name = VersionKey(cfg.version).dir_name if cfg.version is not None else checkpoint.name
+        out = cfg.run / "eval" / f"{task.replace(':', '.')}-{name}.json"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    return result, out
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` task options; VALUE as JSON if it parses, else text."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option {item!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
 
 
 @contextlib.contextmanager
@@ -63,7 +120,7 @@ def eval_problems(task: Any, limit: int, seed: int) -> list[Problem]:
     return list(seen.values())
 
 
-def summarize(problems: list[Problem], greedy: list[list[Score]], sampled: list[list[Score]]) -> dict[str, Any]:
+def summarize(greedy: list[list[Score]], sampled: list[list[Score]]) -> dict[str, Any]:
     flat = [g[0] for g in greedy]
     names = sorted({k for s in flat for k in s.components})
     return {
@@ -129,7 +186,7 @@ def evaluate(
         "k": k,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
-        **summarize(problems, greedy, sampled),
+        **summarize(greedy, sampled),
         "reward_errors": scorer.errors,
         "reward_timeouts": scorer.timeouts,
         "t_engine_s": t_engine,

@@ -1,8 +1,11 @@
 """Expected failures print one line and exit 2; --help explains."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from echo2cli.cli import app
@@ -106,3 +109,38 @@ def test_eval_of_a_version_the_run_no_longer_keeps_is_one_line(tmp_path):
         "evaluate a checkpoint with --run alone"
     ]
     assert "needs --run" in run_cli("eval", "--version", "1").stderr
+
+
+CONFIGS = [
+    (["learner"], "LearnerConfig"),
+    (["worker"], "WorkerConfig"),
+    (["demo"], "DemoConfig"),
+    (["eval"], "EvalConfig"),
+    (["plan"], "PlanConfig"),
+    (["bench", "broadcast"], "BenchBroadcastConfig"),
+]
+
+
+@pytest.mark.parametrize("command, config", CONFIGS)
+def test_help_has_an_option_with_its_default_for_every_config_field(command, config):
+    from echo2cli import config as configs
+
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    help_text = " ".join(result.output.split())
+    for name, field in getattr(configs, config).model_fields.items():
+        if name == "task_options":
+            continue  # a table: TOML only
+        assert field.description and " ".join(field.description.split()) in help_text, name
+        default = field.default
+        if isinstance(default, int | float | str | Path) and not isinstance(default, bool):
+            assert f"[default: {default}]" in help_text, name
+
+
+def test_flags_win_over_the_config_file_which_wins_over_defaults(tmp_path):
+    toml = tmp_path / "plan.toml"
+    toml.write_text('[plan]\nbatch = 64\nt_train_s = 10\nt_bcast_s = 1\nstaleness = 2\nmu = "4,4,2"\n')
+    result = runner.invoke(app, ["plan", "--config", str(toml), "--t-train", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    inputs = json.loads(result.stdout)["inputs"]
+    assert inputs["t_train_s"] == 20 and inputs["batch"] == 64 and inputs["kappa"] == 1

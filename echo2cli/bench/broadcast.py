@@ -30,6 +30,7 @@ from pathlib import Path
 
 from echo2cli.bench.netem import Fleet, Link, namespaces_available
 from echo2cli.broadcast.torrent import make_torrent
+from echo2cli.config import BenchBroadcastConfig
 from echo2cli.errors import BroadcastError, ConfigError
 from echo2cli.layout import weights_path
 from echo2cli.units import mbps_to_bytes_per_s
@@ -257,6 +258,27 @@ def run_bench(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
+
+
+def run_bench_config(cfg: BenchBroadcastConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """`echo2 bench broadcast`: its comma-separated counts and methods, then `run_bench`."""
+    try:
+        counts = [int(x) for x in cfg.workers.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--workers takes comma-separated counts, e.g. 1,2,4,8 (got {cfg.workers!r})") from None
+    methods = tuple(m.strip() for m in cfg.method.split(",") if m.strip())
+    if not methods or set(methods) - {"star", "swarm"}:
+        raise ConfigError("--method takes star, swarm or star,swarm")
+    return run_bench(
+        counts,
+        up_mbps=cfg.uplink_mbps,
+        worker_up_mbps=cfg.worker_up_mbps,
+        worker_down_mbps=cfg.worker_down_mbps,
+        size_mb=cfg.size_mb,
+        methods=methods,
+        mode=cfg.mode,
+        on_row=on_row,
+    )
 
 
 def plot(rows: list[Row], path: Path) -> None:

@@ -26,16 +26,81 @@ from __future__ import annotations
 import json
 import statistics
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echo2cli.config import PlanConfig
 from echo2cli.errors import ConfigError
 from echo2cli.metrics import read_metrics
 from echo2cli.plan.model import InfeasibleError as _Infeasible
-from echo2cli.plan.model import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper
+from echo2cli.plan.model import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper, plan
 
 WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
 LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}
+
+
+@dataclass
+class Planned:
+    """`echo2 plan`'s answer: the inputs, the pool, the plan, and the plan as JSON (with a run's measured bubble)."""
+
+    inputs: PlanInputs
+    pool: list[WorkerSpec]
+    result: PlanResult
+    report: dict[str, Any]
+
+
+def plan_from(cfg: PlanConfig) -> Planned:
+    """Numbers from a finished run (`from_run`), a pool (`workers` or `mu`), and the flags over both."""
+    base: dict[str, Any] = from_run(cfg.from_run) if cfg.from_run else {}
+    pool: list[WorkerSpec] = base.pop("pool", [])
+    measured = {k: base.pop(k) for k in ("measured_bubble", "steps") if k in base}
+    learner: dict[str, float] = {}
+    if cfg.workers is not None:
+        pool, learner = load_pool(cfg.workers)
+    if cfg.mu is not None:
+        pool = parse_mu(cfg.mu)
+    given = {
+        "batch": cfg.batch,
+        "group_size": cfg.group_size,
+        "t_train_s": cfg.t_train_s,
+        "t_bcast_s": cfg.t_bcast_s,
+        "staleness": cfg.staleness,
+        "kappa": cfg.kappa,
+        "gamma": cfg.gamma,
+        "learner_usd_per_hour": learner.get("usd_per_hour")
+        if cfg.learner_usd_per_hour is None
+        else cfg.learner_usd_per_hour,
+        "learner_rollouts_per_s": learner.get("rollouts_per_s")
+        if cfg.learner_rollouts_per_s is None
+        else cfg.learner_rollouts_per_s,
+    }
+    base.update({k: v for k, v in given.items() if v is not None})
+    needed = (
+        ("--batch", "batch"),
+        ("--t-train", "t_train_s"),
+        ("--t-bcast", "t_bcast_s"),
+        ("--staleness", "staleness"),
+    )
+    if missing := [flag for flag, key in needed if key not in base]:
+        raise ConfigError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
+    if not pool:
+        raise ConfigError("no workers: give --workers POOL.toml, --mu RATES or --from-run RUN_DIR")
+    inputs = PlanInputs(lease_rollouts=cfg.lease_rollouts, **base)
+    result = plan(inputs, pool, rule=cfg.rule, seed=cfg.seed)
+    report = result.to_dict()
+    if measured:
+        predicted = bubble_ratio(inputs, pool)
+        report["run"] = {**measured, "predicted_bubble": predicted, "workers": [w.name for w in pool]}
+    return Planned(inputs, pool, result, report)
+
+
+def parse_mu(text: str) -> list[WorkerSpec]:
+    """`--mu 4,4,2.5`: free workers of these rollouts/s."""
+    try:
+        return [WorkerSpec(f"w{i}", 0.0, float(x)) for i, x in enumerate(text.split(","))]
+    except ValueError:
+        raise ConfigError(f"--mu takes comma-separated rollouts/s, e.g. 4,4,2.5 (got {text!r})") from None
 
 
 def load_pool(path: Path) -> tuple[list[WorkerSpec], dict[str, float]]:
