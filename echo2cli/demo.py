@@ -23,7 +23,7 @@ from rich.table import Column, Table
 
 from echo2cli.config import DemoConfig
 from echo2cli.errors import Echo2Error
-from echo2cli.launch import spawn, wait_for_learner
+from echo2cli.launch import flags, spawn, stop, wait_for_learner
 from echo2cli.layout import LEARNER_FILE
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
@@ -133,84 +133,61 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     _clean(out)
     with console.status("preparing the default model (first run only, ~40 s)"):
         prepare_default_model()
-    port = cfg.port or free_port()
     t0 = time.time()
-    learner = spawn(
-        [
-            "learner",
-            "--out",
-            str(out),
-            "--steps",
-            str(cfg.steps),
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--bt-listen",
-            "127.0.0.1:0",
-            "--prompts-per-step",
-            str(cfg.prompts_per_step),
-            "--group-size",
-            str(cfg.group_size),
-            "--staleness",
-            str(cfg.staleness),
-            "--lr",
-            str(cfg.lr),
-            "--quiet",
-        ],
-        out / "logs" / "learner.log",
-    )
-    procs = [learner]
+    procs: list[subprocess.Popen] = []
     try:
-        with console.status("starting the learner"):
-            url = wait_for_learner(learner, out, out / "logs" / "learner.log")["url"]
-        ncpu = os.cpu_count() or 1
-        for i in range(cfg.workers):
-            procs.append(
-                spawn(
-                    [
-                        "worker",
-                        "--join",
-                        url,
-                        "--name",
-                        f"w{i}",
-                        "--work-dir",
-                        str(out / "workers" / f"w{i}"),
-                        "--bt-listen",
-                        "127.0.0.1:0",
-                    ],
-                    out / "logs" / f"worker{i}.log",
-                    env={"VLLM_CPU_OMP_THREADS_BIND": str(i % ncpu)},
-                )
-            )
-        client = LearnerClient(url, unreachable_s=5)
-        with Live(live_view(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
-            while learner.poll() is None:
-                try:
-                    live.update(live_view(client.status(), ""))
-                except Echo2Error:
-                    pass  # the learner is between steps or shutting down
-                for i, p in enumerate(procs[1:]):
-                    if p.poll() not in (None, 0):
-                        raise Echo2Error(f"worker {i} exited with code {p.returncode}: see {out}/logs/worker{i}.log")
-                time.sleep(1.0)
-        if learner.returncode != 0:
-            raise Echo2Error(f"learner exited with code {learner.returncode}: see {out}/logs/learner.log")
-        for p in procs[1:]:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.terminate()
+        url = _start(cfg, out, procs, console)
+        _watch(procs, url, out, console)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
     summary = summarize(out, time.time() - t0)
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     console.print(summary_table(summary))
     return summary
+
+
+def _start(cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: Console) -> str:
+    """The learner, then the workers, each engine pinned to its own core; the learner's URL."""
+    learner_args = flags(
+        out=out,
+        steps=cfg.steps,
+        port=cfg.port or free_port(),
+        host="127.0.0.1",
+        bt_listen="127.0.0.1:0",
+        prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.group_size,
+        staleness=cfg.staleness,
+        lr=cfg.lr,
+        quiet=True,
+    )
+    procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log"))
+    with console.status("starting the learner"):
+        url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
+    for i in range(cfg.workers):
+        args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))}
+        procs.append(spawn(["worker", *args], out / "logs" / f"worker{i}.log", env=env))
+    return url
+
+
+def _watch(procs: list[subprocess.Popen], url: str, out: Path, console: Console) -> None:
+    """The live view until the learner exits; then the workers, which heard 'finished', get a minute to leave."""
+    learner, workers = procs[0], procs[1:]
+    client = LearnerClient(url, unreachable_s=5)
+    with Live(live_view(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
+        while learner.poll() is None:
+            try:
+                live.update(live_view(client.status(), ""))
+            except Echo2Error:
+                pass  # the learner is between steps or shutting down
+            for i, p in enumerate(workers):
+                if p.poll() not in (None, 0):
+                    raise Echo2Error(f"worker {i} exited with code {p.returncode}: see {out}/logs/worker{i}.log")
+            time.sleep(1.0)
+    if learner.returncode != 0:
+        raise Echo2Error(f"learner exited with code {learner.returncode}: see {out}/logs/learner.log")
+    for p in workers:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.terminate()

@@ -132,6 +132,29 @@ def summarize(greedy: list[list[Score]], sampled: list[list[Score]]) -> dict[str
     }
 
 
+def _generate_and_score(
+    engine: Any,
+    tok: Any,
+    scorer: Scorer,
+    problems: list[Problem],
+    prompts: list[list[int]],
+    k: int,
+    max_new_tokens: int,
+) -> tuple[list[list[str]], list[list[Score]]]:
+    """Texts and scores of each problem's greedy completion, then (k > 0) of its k samples at temperature 1.
+    One batch: a prompt's two requests share its prefill through vLLM's prefix cache."""
+    requests = [(p, 1, 0.0) for p in prompts] + ([(p, k, 1.0) for p in prompts] if k > 0 else [])
+    groups = engine.generate(
+        [r[0] for r in requests],
+        n=[r[1] for r in requests],
+        temperature=[r[2] for r in requests],
+        max_new_tokens=max_new_tokens,
+    )
+    texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
+    scores = [scorer(p, t) for p, t in zip(problems * (2 if k > 0 else 1), texts, strict=True)]
+    return texts, scores
+
+
 def evaluate(
     model: str,
     task_name: str,
@@ -162,23 +185,13 @@ def evaluate(
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s)
     try:
         t1 = time.perf_counter()
-        # One batch: each prompt once greedy and (k > 0) once with k samples at temperature 1; the two
-        # requests of a prompt share its prefill through vLLM's prefix cache.
-        requests = [(p, 1, 0.0) for p in prompts] + ([(p, k, 1.0) for p in prompts] if k > 0 else [])
-        groups = engine.generate(
-            [r[0] for r in requests],
-            n=[r[1] for r in requests],
-            temperature=[r[2] for r in requests],
-            max_new_tokens=max_new_tokens,
-        )
-        texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
-        scores = [scorer(p, t) for p, t in zip(problems * (2 if k > 0 else 1), texts, strict=True)]
-        greedy, greedy_texts = scores[: len(problems)], texts[: len(problems)]
-        sampled = scores[len(problems) :] if k > 0 else greedy
+        texts, scores = _generate_and_score(engine, tok, scorer, problems, prompts, k, max_new_tokens)
         t_generate = time.perf_counter() - t1
     finally:
         scorer.close()
         engine.close()
+    greedy, greedy_texts = scores[: len(problems)], texts[: len(problems)]
+    sampled = scores[len(problems) :] if k > 0 else greedy
     return {
         "model": str(model_dir),
         "task": task.name,

@@ -20,6 +20,30 @@ from echo2cli.errors import Echo2Error
 from echo2cli.layout import LEARNER_FILE
 
 
+def flags(**options: object) -> list[str]:
+    """`--name value` pairs for an argv, names with dashes (None: left out; True: the switch alone)."""
+    out: list[str] = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        out.append("--" + name.replace("_", "-"))
+        if value is not True:
+            out.append(str(value))
+    return out
+
+
+def stop(procs: list[subprocess.Popen], timeout_s: float = 30) -> None:
+    """Terminate what still runs, then kill what has not exited within `timeout_s`."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def spawn(
     args: list[str], log: Path, env: dict[str, str] | None = None, prefix: list[str] | None = None
 ) -> subprocess.Popen:

@@ -16,6 +16,7 @@ worker downlinks d_i and uplinks u_i. Each row reports T_bcast/T* and learner up
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,10 +33,12 @@ from echo2cli.bench.netem import Fleet, Link, namespaces_available
 from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.config import BenchBroadcastConfig
 from echo2cli.errors import BroadcastError, ConfigError
+from echo2cli.launch import flags
 from echo2cli.layout import weights_path
 from echo2cli.units import mbps_to_bytes_per_s
 
 BT_PORT, HTTP_PORT = 6881, 8700
+NODE = [sys.executable, "-m", "echo2cli.bench.broadcast_node"]  # one process per node
 
 
 @dataclass
@@ -120,87 +123,20 @@ def run_trial(
     use_netns: bool,
 ) -> Row:
     """One distribution of `payload` to n fresh fetchers; returns its row."""
-    py = [sys.executable, "-m", "echo2cli.bench.broadcast_node"]
     links = {"learner": Link(up_mbps, max(up_mbps, worker_up_mbps) * 4)}
     links |= {f"w{i}": Link(worker_up_mbps, worker_down_mbps) for i in range(n)}
     trial_dir = work / f"{method}-{n}"
     shutil.rmtree(trial_dir, ignore_errors=True)
-    fleet = Fleet(links) if use_netns else None
+    trial_dir.mkdir(parents=True)
     procs: list[_Proc] = []
-    try:
-        if fleet is not None:
-            fleet.__enter__()
-        prefix = fleet.argv if fleet else (lambda name: [])
-        host = fleet.addr("learner") if fleet else "127.0.0.1"
-        http_port = HTTP_PORT if fleet else _free_port()
-        torrent = make_torrent(payload.parent, f"http://{host}:{http_port}/announce")
-        torrent_path = trial_dir / "version.torrent"
-        trial_dir.mkdir(parents=True)
-        torrent_path.write_bytes(torrent.data)
-        cap = (lambda mbps: ["--up-mbps", str(mbps)]) if not fleet else (lambda mbps: [])
-        origin = _Proc(
-            prefix("learner")
-            + py
-            + [
-                "origin",
-                "--file",
-                str(payload),
-                "--torrent",
-                str(torrent_path),
-                "--bind",
-                host,
-                "--port",
-                str(http_port),
-                "--bt-port",
-                str(BT_PORT if fleet else 0),
-                *cap(up_mbps),
-            ]
-        )
-        procs.append(origin)
-        origin.read()
-        fetchers = []
-        for i in range(n):
-            bind = fleet.addr(f"w{i}") if fleet else "127.0.0.1"
-            argv = (
-                prefix(f"w{i}")
-                + py
-                + [
-                    "fetch",
-                    "--method",
-                    method,
-                    "--torrent",
-                    str(torrent_path),
-                    "--out",
-                    str(trial_dir / f"w{i}"),
-                    "--bind",
-                    bind,
-                    "--url",
-                    f"http://{host}:{http_port}/file",
-                    "--slot",
-                    f"{i}/{n}",
-                ]
-            )
-            if not fleet:
-                argv += ["--up-mbps", str(worker_up_mbps), "--down-mbps", str(worker_down_mbps)]
-            fetchers.append(_Proc(argv))
-        procs.extend(fetchers)
-        for f in fetchers:
-            f.read()
-        go = time.time()
-        for f in fetchers:
-            f.send("go")
-        done = [f.read() for f in fetchers]
-        time.sleep(1.5)  # libtorrent folds transfer counters into all_time_upload once a second
-        origin.send("stats")
-        stats = origin.read()
-    finally:
-        for p in reversed(procs):
-            p.close()
-        if fleet is not None:
-            fleet.close()
-        shutil.rmtree(trial_dir, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, trial_dir, ignore_errors=True)
+        fleet = stack.enter_context(Fleet(links)) if use_netns else None
+        stack.callback(lambda: [p.close() for p in reversed(procs)])
+        caps = None if fleet else (up_mbps, worker_up_mbps, worker_down_mbps)
+        _start_nodes(procs, method, n, payload, trial_dir, fleet, caps)
+        t_bcast, stats = _distribute(procs[0], procs[1:])
     size = payload.stat().st_size
-    t_bcast = max(d["t_done"] for d in done) - go
     bound = lower_bound_s(
         size,
         n,
@@ -210,6 +146,56 @@ def run_trial(
     )
     uploaded = stats["bt_upload"] if method == "swarm" else stats["http_upload"]
     return Row(method, n, t_bcast, bound, t_bcast / bound, uploaded / size, size, "netns" if fleet else "loopback")
+
+
+def _start_nodes(
+    procs: list[_Proc],
+    method: str,
+    n: int,
+    payload: Path,
+    trial_dir: Path,
+    fleet: Fleet | None,
+    caps: tuple[float, float, float] | None,
+) -> None:
+    """The origin, then n fetchers, appended to `procs` as they start. In namespaces the links are capped by the
+    kernel; on loopback `caps` (learner up, worker up, worker down, Mbit/s) go to the nodes themselves."""
+    prefix = fleet.argv if fleet else (lambda name: [])
+    host = fleet.addr("learner") if fleet else "127.0.0.1"
+    http_port = HTTP_PORT if fleet else _free_port()
+    torrent = trial_dir / "version.torrent"
+    torrent.write_bytes(make_torrent(payload.parent, f"http://{host}:{http_port}/announce").data)
+    up, worker_up, worker_down = caps or (None, None, None)
+    bt_port = BT_PORT if fleet else 0
+    options = flags(file=payload, torrent=torrent, bind=host, port=http_port, bt_port=bt_port, up_mbps=up)
+    procs.append(_Proc(prefix("learner") + [*NODE, "origin", *options]))
+    procs[0].read()
+    for i in range(n):
+        bind = fleet.addr(f"w{i}") if fleet else "127.0.0.1"
+        options = flags(
+            method=method,
+            torrent=torrent,
+            out=trial_dir / f"w{i}",
+            bind=bind,
+            slot=f"{i}/{n}",
+            url=f"http://{host}:{http_port}/file",
+            up_mbps=worker_up,
+            down_mbps=worker_down,
+        )
+        procs.append(_Proc(prefix(f"w{i}") + [*NODE, "fetch", *options]))
+
+
+def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict]:
+    """Every fetcher ready, then "go" to all: seconds until the last holds the whole file, and the origin's
+    upload counters."""
+    for f in fetchers:
+        f.read()
+    go = time.time()
+    for f in fetchers:
+        f.send("go")
+    done = [f.read() for f in fetchers]
+    time.sleep(1.5)  # libtorrent folds transfer counters into all_time_upload once a second
+    origin.send("stats")
+    return max(d["t_done"] for d in done) - go, origin.read()
 
 
 def run_bench(

@@ -176,13 +176,9 @@ def from_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path) -> None:
-    """Predicted and simulated bubble ratio as the whole pool is sped up or slowed down, with mu_min lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def bubble_curves(inp: PlanInputs, pool: list[WorkerSpec]) -> tuple[list[float], list[float], list[float]]:
+    """(pool throughput, predicted bubble, simulated bubble) as the whole pool is sped up or slowed down, up to
+    three times mu_min_echo2."""
     from echo2cli.plan.simulator import SimWorker, simulate
 
     mu0 = sum(w.rollouts_per_s for w in pool)
@@ -190,28 +186,33 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
         top = 3 * max(mu_min_echo2(inp, pool), mu0 / 3)
     except _Infeasible:
         top = 3 * mu0
-    scales = [top / mu0 * (i / 60) for i in range(1, 61)]
     xs, predicted, simulated = [], [], []
-    for s in scales:
-        scaled = [WorkerSpec(w.name, w.usd_per_hour, w.rollouts_per_s * s, w.lease_rollouts) for w in pool]
-        xs.append(mu0 * s)
+    for scale in [top / mu0 * (i / 60) for i in range(1, 61)]:
+        scaled = [WorkerSpec(w.name, w.usd_per_hour, w.rollouts_per_s * scale, w.lease_rollouts) for w in pool]
+        xs.append(mu0 * scale)
         predicted.append(bubble_ratio(inp, scaled))
-        sim_pool = [
-            SimWorker(
-                w.rollouts_per_s, max(1, round(min(w.lease_rollouts or inp.lease_rollouts, inp.batch))), inp.t_bcast_s
-            )
-            for w in scaled
-        ]
-        simulated.append(
-            simulate(
-                batch_prompts=max(1, round(inp.batch)),
-                group_size=1,
-                t_train_s=inp.t_train_s,
-                staleness=inp.staleness,
-                kappa=inp.kappa,
-                workers=sim_pool,
-            ).bubble_ratio
+        lease = [max(1, round(min(w.lease_rollouts or inp.lease_rollouts, inp.batch))) for w in scaled]
+        sim_pool = [SimWorker(w.rollouts_per_s, q, inp.t_bcast_s) for w, q in zip(scaled, lease, strict=True)]
+        sim = simulate(
+            batch_prompts=max(1, round(inp.batch)),
+            group_size=1,
+            t_train_s=inp.t_train_s,
+            staleness=inp.staleness,
+            kappa=inp.kappa,
+            workers=sim_pool,
         )
+        simulated.append(sim.bubble_ratio)
+    return xs, predicted, simulated
+
+
+def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path) -> None:
+    """Predicted and simulated bubble ratio against pool throughput (`bubble_curves`), with mu_min lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs, predicted, simulated = bubble_curves(inp, pool)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(xs, predicted, label="closed form (echo2)", color="tab:blue")
     ax.plot(xs, simulated, "o", ms=3, label="discrete-event simulation", color="tab:orange")
