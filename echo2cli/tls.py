@@ -45,7 +45,8 @@ def trust_for_torrents(extra: Path | None, directory: Path) -> None:
         return
     bundle = directory / "tls-trust.pem"
     directory.mkdir(parents=True, exist_ok=True)
-    system = Path(_system_bundle()).read_text() if _system_bundle() else ""
+    found = _system_bundle()
+    system = Path(found).read_text() if found else ""
     bundle.write_text(system + "\n" + Path(extra).read_text())
     os.environ["SSL_CERT_FILE"] = str(bundle)
 

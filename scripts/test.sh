@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (idempotent), then run every test, quick and integration.
+# The test command: set up .venv (idempotent), lint (ruff), format check (ruff format), types (mypy),
+# then every test, quick and integration.
 #   bash scripts/test.sh                 # everything (32 min on 2 cores after setup; CI runs this)
 #   bash scripts/test.sh -m "not slow"   # without the fault-injection runs
 #   bash scripts/test.sh -m "not integration"   # quick unit tests only (1.5 min)
@@ -7,4 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+.venv/bin/python -m ruff check echo2cli tests scripts examples
+.venv/bin/python -m ruff format --check echo2cli tests scripts examples
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest tests "$@"

@@ -92,10 +92,12 @@ class _Proc:
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
     def send(self, line: str) -> None:
+        assert self.p.stdin is not None
         self.p.stdin.write(line + "\n")
         self.p.stdin.flush()
 
     def read(self) -> dict:
+        assert self.p.stdout is not None
         line = self.p.stdout.readline()
         if not line:
             raise BroadcastError(f"bench process exited early (code {self.p.wait()}): see its stderr above")
@@ -132,7 +134,7 @@ def run_trial(
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, trial_dir, ignore_errors=True)
         fleet = stack.enter_context(Fleet(links)) if use_netns else None
-        stack.callback(lambda: [p.close() for p in reversed(procs)])
+        stack.callback(_close_all, procs)
         caps = None if fleet else (up_mbps, worker_up_mbps, worker_down_mbps)
         _start_nodes(procs, method, n, payload, trial_dir, fleet, caps)
         t_bcast, stats = _distribute(procs[0], procs[1:])
@@ -182,6 +184,11 @@ def _start_nodes(
             down_mbps=worker_down,
         )
         procs.append(_Proc(prefix(f"w{i}") + [*NODE, "fetch", *options]))
+
+
+def _close_all(procs: list[_Proc]) -> None:
+    for p in reversed(procs):
+        p.close()
 
 
 def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict]:

@@ -37,7 +37,7 @@ def _words(path: Path) -> np.ndarray:
 
 
 def _sha256(data: np.ndarray) -> str:
-    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+    return hashlib.sha256(data.view(np.uint8).data).hexdigest()
 
 
 def encode_delta(

@@ -17,6 +17,7 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from echo2cli.broadcast.tracker import ANNOUNCE_INTERVAL_S
 from echo2cli.errors import BroadcastError, is_disk_full
@@ -25,7 +26,7 @@ from echo2cli.errors import BroadcastError, is_disk_full
 @dataclass
 class Transfer:
     key: Hashable  # the caller's name for the torrent (echo2 uses layout.VersionKey)
-    handle: object
+    handle: Any  # libtorrent.torrent_handle
     save_path: Path
     started: float = field(default_factory=time.time)
     finished_at: float | None = None
@@ -115,7 +116,7 @@ class TorrentNode:
             "download_rate_limit": download_limit_bytes_s,
             "user_agent": "echo2",
         }
-        self.session = lt.session(settings)
+        self.session = lt.session(settings)  # type: ignore[call-overload]  # the bindings take a dict too
         if upload_limit_bytes_s or download_limit_bytes_s:
             # Rate limits skip local peers unless every IP is put in the global peer class.
             flt = lt.ip_filter()

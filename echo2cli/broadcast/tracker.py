@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from collections.abc import Callable
 from urllib.parse import parse_qs
 
 ANNOUNCE_INTERVAL_S = 10  # short: versions live for seconds to minutes, and PEX fills in between
@@ -40,7 +41,7 @@ def parse_announce(raw_query: bytes) -> dict[str, bytes]:
 
 
 class Tracker:
-    def __init__(self, ttl_s: float = 3 * ANNOUNCE_INTERVAL_S, clock=time.monotonic) -> None:
+    def __init__(self, ttl_s: float = 3 * ANNOUNCE_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         # info_hash -> peer_id -> (ip, port, last_seen, left)

@@ -35,7 +35,7 @@ class Intake:
         admission: Admission,
         rewards: RewardStage,
         dispatcher: Dispatcher,
-        cut_off: Callable[[str], None],
+        cut_off: Callable[[str], object],
     ) -> None:
         """`lock` is the coordinator's, notified when a group is admitted; `cut_off(worker_id)` removes a worker."""
         self.lock, self.prompts, self.leases, self.fleet = lock, prompts, leases, fleet

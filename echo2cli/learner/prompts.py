@@ -45,12 +45,12 @@ class PromptSource:
                 del self.pending[i]
                 return prompt_id
         for _ in range(MAX_DRAWS_PER_PROMPT):
-            prompt_id = self.draw()
-            if prompt_id is None:
+            drawn = self.draw()
+            if drawn is None:
                 continue
-            if self.fits(prompt_id, context):
-                return prompt_id
-            self.pending.append(prompt_id)
+            if self.fits(drawn, context):
+                return drawn
+            self.pending.append(drawn)
         return None
 
     def fits(self, prompt_id: int, context: int | None) -> bool:

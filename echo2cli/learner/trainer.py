@@ -103,7 +103,9 @@ class Trainer:
         out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
         return out
 
-    def _collate(self, rows: Sequence[tuple[list[int], list[int], list[float]]]):
+    def _collate(
+        self, rows: Sequence[tuple[list[int], list[int], list[float]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """rows of (prompt ids, completion ids, behaviour logprobs) → padded tensors aligned to targets."""
         length = max(len(p) + len(c) for p, c, _ in rows)
         n = len(rows)
@@ -140,7 +142,8 @@ class Trainer:
                 with torch.no_grad():
                     ref_logp = self._token_logp(self.ref, ids, attn, mask)
             for row, pos, log_w in worst_tokens(logp, behaviour, mask):
-                self.outliers.append(_outlier(*origin[start + row], pos, log_w))
+                group, sample = origin[start + row]
+                self.outliers.append(_outlier(group, sample, pos, log_w))
             adv = advantages[start : start + len(chunk)].to(self.device)
             loss, metrics = grpo_loss(
                 logp,

@@ -139,7 +139,7 @@ def tame(answer: str) -> bool:
 
 @lru_cache(maxsize=4096)
 def _parse(answer: str) -> list[Any]:
-    return parse(f"\\boxed{{{answer}}}", parsing_timeout=None)  # type: ignore[arg-type]
+    return list(parse(f"\\boxed{{{answer}}}", parsing_timeout=None))
 
 
 def equivalent(gold: str, answer: str) -> bool:

@@ -228,19 +228,22 @@ class VersionStore:
         """Versions older than S + 1 behind the loaded one can make no admissible rollout: delete them."""
         with self.lock:
             keep_after = self.loaded - (staleness + 1)
-            for key in [k for k in self.node.transfers if k.version < keep_after]:
+            for key in [k for k in self._keys() if k.version < keep_after]:
                 self.node.remove(key, delete_dir=key.dir(self.root))
 
     def go_back(self, policy: PolicyInfo) -> None:
         """The learner resumed at `policy`, older than what we hold or fetch: versions after it no longer exist.
         Start again from it (its file, if we have it, is kept: re-adding it re-checks it, fast)."""
         with self.lock:
-            for key in list(self.node.transfers):
+            for key in self._keys():
                 if key.version >= policy.version:
                     gone = key.version > policy.version
                     self.node.remove(key, delete_dir=key.dir(self.root) if gone else None)
             self.loaded, self._verified, self.pending = -1, -1, None
             self.start(policy)
+
+    def _keys(self) -> list[VersionKey]:
+        return [key for key in self.node.transfers if isinstance(key, VersionKey)]
 
     def ahead_of(self, version: int) -> bool:
         """We hold or fetch a version the learner does not have."""
