@@ -10,7 +10,7 @@ verified file (libtorrent checks every piece's SHA-1; the star's HTTP body is co
     swarm: echo2's path: a private torrent seeded by the learner, workers trade pieces, and fetcher k of N
            asks for its own 1/N of the pieces first (`node.slot_priorities`)
 
-Lower bound (DESIGN.md): T* = max(M/U, M/min d_i, N·M/(U + Σ u_i)) with M bytes, learner uplink U,
+Lower bound: T* = max(M/U, M/min d_i, N·M/(U + Σ u_i)) with M bytes, learner uplink U,
 worker downlinks d_i and uplinks u_i. Each row reports T_bcast/T* and learner upload ÷ M.
 """
 

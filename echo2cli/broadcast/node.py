@@ -1,6 +1,6 @@
 """One libtorrent session per process: seeds published versions, fetches new ones, counts bytes.
 
-Settings come from measurements on loopback swarms (FIELD-NOTES / docs/BENCHMARKS.md): DHT, LSD,
+Settings come from measurements on loopback swarms (docs/BENCHMARKS.md): DHT, LSD,
 UPnP and NAT-PMP off (private swarms, the learner is the tracker); uTP off (5-8x slower on loopback);
 several connections per IP allowed (every local peer shares 127.0.0.1); a short request queue at the
 seed and no strict end-game so leechers trade pieces instead of all pulling from the learner.
@@ -108,9 +108,8 @@ class TorrentNode:
             "close_redundant_connections": False,  # slot gates make interest come and go: stay connected
             "stop_tracker_timeout": 1,
             # libtorrent re-announces no more often than this (default 300 s) whatever the tracker asks, and
-            # echo2's tracker forgets a peer 3 intervals after its last announce: with the default, a version's
-            # seeds vanished from the tracker 30 s after it was published, and a worker that started fetching
-            # it later (a late joiner, a slow link) found no peer at all.
+            # echo2's tracker forgets a peer 3 intervals after its last announce: a seed must re-announce within
+            # that, or a worker that starts fetching a version late (a late joiner, a slow link) finds no peer.
             "min_announce_interval": ANNOUNCE_INTERVAL_S,
             "upload_rate_limit": upload_limit_bytes_s,
             "download_rate_limit": download_limit_bytes_s,

@@ -1,6 +1,6 @@
 """The overlap capacity model and cost-aware activation. Pure functions: no I/O, no torch.
 
-Symbols (ECHO-2, arXiv 2602.02192; DESIGN.md): B = rollouts per learner step (prompts x G), T = T_train
+Symbols (ECHO-2, arXiv 2602.02192): B = rollouts per learner step (prompts x G), T = T_train
 (learner compute per step, s), T_b = T_bcast (publish -> the fleet generates with it, s), S = staleness
 bound, kappa = publish every kappa steps, mu_i = rollouts/s of worker i, mu = sum over active workers,
 gamma = provisioning margin, q_i = rollouts in one lease of worker i (prompts_per_lease x G, at most B).

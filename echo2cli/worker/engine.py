@@ -1,8 +1,8 @@
 """The vLLM engine a worker generates with, and its in-place weight hot swap.
 
 `reload` calls vLLM's `reload_weights` through `collective_rpc` on a directory holding only
-`model.safetensors`: the engine keeps its KV cache and process, so a swap costs 0.7-1.6 s for the
-135M default on a 2-core CPU instead of a ~40 s engine restart.
+`model.safetensors`: the engine keeps its KV cache and process, so a swap costs about a second for the
+135M default on a 2-core CPU instead of an engine restart (docs/BENCHMARKS.md has the figures).
 
 Weights travel in bf16; the engine computes in bf16 where the hardware has it (CUDA, or a CPU with
 AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the
