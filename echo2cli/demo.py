@@ -24,14 +24,14 @@ from rich.table import Column, Table
 from echo2cli.config import DemoConfig
 from echo2cli.errors import Echo2Error
 from echo2cli.launch import flags, spawn, stop, wait_for_learner
-from echo2cli.layout import LEARNER_FILE
+from echo2cli.layout import CHECKPOINTS_DIR, LEARNER_FILE, VERSIONS_DIR
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Status
 from echo2cli.worker.client import LearnerClient
 
 RUN_FILES = ("metrics.jsonl", LEARNER_FILE, "summary.json", "demo_summary.json", "config.json")
-RUN_DIRS = ("versions", "workers", "checkpoints", "logs")
+RUN_DIRS = (VERSIONS_DIR, "workers", CHECKPOINTS_DIR, "logs")
 
 
 def free_port() -> int:
