@@ -24,9 +24,8 @@ def learner(tmp_path):
     return FakeLearner(published)
 
 
-def started_worker(tmp_path, learner: FakeLearner) -> Worker:
-    """A worker that joined and started its engine on the learner's latest version."""
-    node = FakeNode(learner.published.root)
+def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode) -> Worker:
+    """A worker that joined: its torrent session and version store are open, nothing fetched yet."""
     worker = Worker(
         WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
         client=learner,
@@ -34,6 +33,12 @@ def started_worker(tmp_path, learner: FakeLearner) -> Worker:
         make_engine=FakeEngine,
     )
     worker._open(worker._join())
+    return worker
+
+
+def started_worker(tmp_path, learner: FakeLearner) -> Worker:
+    """A worker that joined and started its engine on the learner's latest version."""
+    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root))
     worker._start(worker.join_info)
     return worker
 
@@ -97,13 +102,7 @@ def test_a_late_joiner_starts_on_the_newest_version_once_its_first_download_stal
     monkeypatch.setattr(versions, "FETCH_STALL_S", 0.0)
     node = FakeNode(learner.published.root)
     node.held.add(0)  # version 0 never arrives: a slow link
-    worker = Worker(
-        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
-        client=learner,
-        make_node=lambda key: node,
-        make_engine=FakeEngine,
-    )
-    worker._open(worker._join())
+    worker = joined_worker(tmp_path, learner, node)
     worker.store.start(learner.policy())
     publish(learner, 1)
     worker._follow(1)  # a heartbeat announces version 1 while version 0 has not moved
@@ -116,13 +115,7 @@ def test_a_late_joiner_starts_on_the_newest_version_once_its_first_download_stal
 def test_a_late_joiner_keeps_a_first_download_that_makes_progress(tmp_path, learner):
     node = FakeNode(learner.published.root)
     node.held.add(0)
-    worker = Worker(
-        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
-        client=learner,
-        make_node=lambda key: node,
-        make_engine=FakeEngine,
-    )
-    worker._open(worker._join())
+    worker = joined_worker(tmp_path, learner, node)
     worker.store.start(learner.policy())
     publish(learner, 1)
     node.bytes = 1000
