@@ -44,7 +44,7 @@ def options_from(
         hints = typing.get_type_hints(fn)
         own = [
             p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
-            for p in _parameters(fn)
+            for p in inspect.signature(fn).parameters.values()
             if p.name != "given"
         ]
         fields = {name: field for name, field in cls.model_fields.items() if _option_type(field.annotation) is not None}
@@ -69,10 +69,6 @@ def options_from(
         return typing.cast(F, command)
 
     return decorate
-
-
-def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter]:
-    return list(inspect.signature(fn).parameters.values())
 
 
 def _option_type(annotation: Any) -> Any:

@@ -197,11 +197,6 @@ class Coordinator:
         self.dispatcher.expire()
         return self.admission.take_batch(self.version)
 
-    def wake(self) -> None:
-        """End a `take_batch` wait now (the learner was asked to stop)."""
-        with self._batch_ready:
-            self._batch_ready.notify_all()
-
     def advance(self, version: int) -> None:
         with self.lock:
             self.version = version
