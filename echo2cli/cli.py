@@ -8,6 +8,7 @@ are `Echo2Error`s and print one line, `echo2: error: ...`, with exit code 2 — 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from echo2cli.config import (
     DemoConfig,
     EvalConfig,
     LearnerConfig,
+    MemoryConfig,
     PlanConfig,
     WorkerConfig,
     load_config,
@@ -87,7 +89,15 @@ def learner(
     cfg = load_config(LearnerConfig, config, given, "learner", base=base)
     if state is not None:
         resume_check(state["config"], int(state["step"]), cfg, had_token=bool(state.get("token_required", True)))
-    from echo2cli.learner.loop import Learner
+    from echo2cli.learner.sharded import under_torchrun, world
+
+    if cfg.nproc_per_node > 1 and not under_torchrun():
+        _relaunch_under_torchrun(cfg.nproc_per_node)
+    from echo2cli.learner.loop import Learner, follow_learner
+
+    if world()[0] != 0:
+        follow_learner(cfg)
+        return
 
     run = Learner(cfg, resume_from=checkpoint)
     stop_on_signal(run.request_stop)
@@ -106,6 +116,14 @@ def learner(
         )
     else:
         console.print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s; metrics {summary['metrics']}")
+
+
+def _relaunch_under_torchrun(nproc: int) -> None:
+    """This same command again as `nproc` ranks of one torchrun job (rank 0 is the learner, the rest train)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    argv += ["-m", "echo2cli", *sys.argv[1:]]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
 
 
 def _step_printer(steps: int) -> Callable[[dict[str, Any]], None]:
@@ -250,6 +268,31 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
         )
     for note in out["notes"]:
         con.print(f"note: {note}")
+
+
+@app.command("plan-memory", epilog=ENV_NOTE)
+@options_from(MemoryConfig)
+def plan_memory(given: dict[str, Any], config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """Memory plan: the learner's memory per rank (states, gathered shards, activations with and without
+    checkpointing, logits) and a rollout host's KV-cache room; a setting that cannot fit is a one-line error."""
+    from echo2cli.plan.memory import memory_plan_from
+
+    report = memory_plan_from(load_config(MemoryConfig, config, given, "plan-memory"))
+    if as_json:
+        print(json.dumps(report))
+        return
+    learner, rollout = report["learner"], report["rollout"]
+    per_rank = ", ".join(f"{k} {v:.2f}" for k, v in learner["per_rank_gib"].items())
+    console.print(f"model: {report['params'] / 1e9:.3f} B parameters")
+    console.print(
+        f"learner, per rank of {learner['ranks']} (GiB): {per_rank}; without checkpointing "
+        f"{learner['total_gib_without_checkpointing']:.2f}, with {learner['total_gib_with_checkpointing']:.2f}"
+    )
+    console.print(
+        f"rollout GPU: weights {rollout['weights_gib']:.2f} GiB, KV cache {rollout['kv_cache_gib']:.2f} GiB, "
+        f"{rollout['kv_mib_per_sequence']:.0f} MiB per {rollout['context']}-token sequence: "
+        f"{rollout['sequences_at_full_context']} sequences at full context"
+    )
 
 
 @model_app.command("prepare")

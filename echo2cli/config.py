@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from echo2cli.errors import ConfigError
 from echo2cli.plan.model import kappa_problem
+from echo2cli.protocol import MAX_COMPLETION_TOKENS, MAX_PROMPT_TOKENS
 
 
 def is_loopback(host: str) -> bool:
@@ -50,12 +51,13 @@ class LearnerConfig(_Config):
 
     HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
         "Run": "model task out_dir steps seed checkpoint_every torch_threads",
-        "GRPO": "prompts_per_step group_size max_new_tokens temperature staleness kappa lr clip_eps is_cap kl_coef "
-        "max_grad_norm micro_batch reward_timeout_s",
+        "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
+        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
         "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
         "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
         "Evaluation": "eval_every eval_limit eval_k",
+        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing",
     }
 
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
@@ -77,7 +79,14 @@ class LearnerConfig(_Config):
     steps: int = Field(20, ge=1, description="optimizer steps to run")
     prompts_per_step: int = Field(8, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt for the group baseline")
-    max_new_tokens: int = Field(16, ge=1, le=4096, description="completion length cap")
+    max_new_tokens: int = Field(16, ge=1, le=MAX_COMPLETION_TOKENS, description="completion length cap")
+    max_prompt_tokens: int = Field(
+        512,
+        ge=8,
+        le=MAX_PROMPT_TOKENS,
+        description="longer prompts are skipped (and counted); workers size their engine's context to "
+        "max_prompt_tokens + max_new_tokens",
+    )
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature on the workers")
     staleness: int = Field(2, ge=0, description="S: step t may train on rollouts of version x iff t - x <= S")
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
@@ -87,6 +96,18 @@ class LearnerConfig(_Config):
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward pass")
+    max_tokens_per_micro_batch: int = Field(
+        0, ge=0, description="padded tokens per forward/backward pass, for long completions (0 = no token budget)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward pass: less memory, ~1/3 more compute"
+    )
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="learner processes sharing the model with FSDP2 (launched with torchrun; one per GPU on CUDA)",
+    )
     seed: int = Field(0, description="seed of the prompt stream and of torch")
     host: str = Field("127.0.0.1", description="address the HTTP API and tracker bind to")
     port: int = Field(8700, ge=0, le=65535, description="port of the API and tracker (0 = any free port)")
@@ -155,6 +176,7 @@ class WorkerConfig(_Config):
     HELP_PANELS: ClassVar[dict[str, str]] = {
         "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
         "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s",
+        "GPU host": "gpu_memory_utilization tensor_parallel_size max_num_seqs",
         "Swarm": "bt_listen uplink_mbps downlink_mbps",
         "This worker": "name work_dir usd_per_hour",
     }
@@ -181,7 +203,17 @@ class WorkerConfig(_Config):
     )
     prompts_per_lease: int = Field(4, ge=1, le=256, description="prompts asked for per lease")
     kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM KV cache size on CPU, GiB")
-    max_model_len: int = Field(1024, ge=64, description="the engine's context: prompt + completion tokens")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="GPU host: fraction of GPU memory vLLM may take (weights + KV cache)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPU host: GPUs one engine spreads its layers over")
+    max_num_seqs: int = Field(0, ge=0, description="GPU host: sequences generated at once (0 = vLLM's default)")
+    max_model_len: int = Field(
+        0,
+        ge=0,
+        description="the engine's context, prompt + completion tokens (0 = the run's: its max_prompt_tokens + "
+        "max_new_tokens)",
+    )
     dtype: str = Field("auto", description="engine compute dtype: auto | bfloat16 | float32")
     bt_listen: str = Field("0.0.0.0:0", description="libtorrent listen interface, host:port")
     uplink_mbps: float = Field(0.0, ge=0.0, description="cap on this worker's torrent upload, Mbit/s (0 = none)")
@@ -295,6 +327,28 @@ class PlanConfig(_Config):
         None, description="learner's own generation rate (centralized baseline)"
     )
     seed: int = Field(0, description="seed of the random-activation baseline")
+
+
+class MemoryConfig(_Config):
+    """`echo2 plan-memory`."""
+
+    model: str = Field("default", description="'default' or a model directory (its config.json gives the shape)")
+    ranks: int = Field(1, ge=1, le=4096, description="learner ranks sharing the model (--nproc-per-node x nodes)")
+    device_gib: float = Field(80.0, gt=0, description="memory of one learner device (GPU, or the host on CPU), GiB")
+    micro_batch_tokens: int = Field(
+        8192, ge=1, description="padded tokens per forward/backward pass (the learner's --max-tokens-per-micro-batch)"
+    )
+    completion_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="of those, completion tokens (where the head runs)",
+        json_schema_extra={"shown_default": "micro_batch_tokens"},
+    )
+    activation_checkpointing: bool = Field(False, description="the learner recomputes activations in backward")
+    rollout_gib: float = Field(80.0, gt=0, description="memory of one rollout GPU, GiB")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the worker's --gpu-memory-utilization")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="the worker's --tensor-parallel-size")
+    context: int = Field(4096, ge=1, description="prompt + completion tokens per sequence on a rollout host")
 
 
 class BenchBroadcastConfig(_Config):

@@ -92,6 +92,13 @@ class JoinResponse(_Msg):
     task: str = Field(max_length=256)
     group_size: int = Field(ge=1, le=1024, description="G: samples per prompt")
     max_new_tokens: int = Field(ge=1, le=MAX_COMPLETION_TOKENS)
+    context_len: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS,
+        description="prompt + completion tokens the run's longest sequence may take: the engine context a worker "
+        "needs (0 = not said)",
+    )
     temperature: float = Field(gt=0.0, le=100.0)
     staleness: int = Field(
         ge=0, le=1000, description="S: a rollout of version x is usable by learner step t iff t - x <= S"
@@ -142,8 +149,11 @@ class LeaseResponse(_Msg):
 class Sample(_Msg):
     prompt_id: int
     sample_idx: int = Field(ge=0, description="index within the prompt's group of G")
-    completion_token_ids: list[int] = Field(max_length=8192)
-    logprobs: list[float] = Field(max_length=8192, description="behaviour log-prob of each completion token")
+    # the run's own cap (max_new_tokens) is checked at admission; this bounds what any run may ask for
+    completion_token_ids: list[int] = Field(max_length=MAX_COMPLETION_TOKENS)
+    logprobs: list[float] = Field(
+        max_length=MAX_COMPLETION_TOKENS, description="behaviour log-prob of each completion token"
+    )
     finish_reason: str = ""
 
 

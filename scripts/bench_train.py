@@ -16,13 +16,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.trainer import TokenLogp, Trainer
 from echo2cli.learner.types import Group
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 
 
 def full_projection_logp(self, model, ids, attn, mask):
+    model = model.model if isinstance(model, TokenLogp) else model  # the causal LM inside
     with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     return -F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * mask

@@ -124,12 +124,15 @@ class FakeLearner:
         self.published, self.run_id, self.staleness = published, run_id, staleness
         self.latest = 0
         self.joins = 0
+        self.join_requests: list = []
+        self.context_len = 0  # what the join answer says the run's sequences need (0 = not said)
         self.lease_answers: list = []
         self.heartbeats: list = []
         self.unreachable_s = 1.0
 
     def join(self, req) -> JoinResponse:
         self.joins += 1
+        self.join_requests.append(req)
         return JoinResponse(
             worker_id=f"w{self.joins}",
             session_token="s" * 32,
@@ -138,6 +141,7 @@ class FakeLearner:
             task="arithmetic",
             group_size=2,
             max_new_tokens=4,
+            context_len=self.context_len,
             temperature=1.0,
             staleness=self.staleness,
             heartbeat_s=3600.0,
@@ -180,7 +184,8 @@ class FakeLearner:
 class FakeEngine:
     """Generates two tokens per sample; remembers the weights it started with and every reload."""
 
-    def __init__(self, engine_dir: Path) -> None:
+    def __init__(self, engine_dir: Path, context_len: int = 1024) -> None:
+        self.context_len = context_len
         self.started_with = (engine_dir / "model.safetensors").resolve()
         self.reloads: list[Path] = []
         self.closed = False

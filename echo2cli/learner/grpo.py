@@ -85,7 +85,8 @@ def worst_tokens(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.T
     sum. Same-version noise measured 0.36 nats at most (docs/BENCHMARKS.md), so anything past a few nats is
     staleness or a real disagreement worth a look.
     """
-    gap = torch.where(mask > 0, (logp - behaviour_logp).detach().abs(), -1.0)
+    logp = logp.detach()
+    gap = torch.where(mask > 0, (logp - behaviour_logp).abs(), -1.0)
     top = torch.topk(gap.flatten(), min(k, gap.numel()))
     first = mask.to(torch.long).argmax(dim=1)  # each row's first completion position
     out = []

@@ -42,6 +42,7 @@ from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.records import Bubble, StepLog, batch_metrics, bcast_metrics, delta_metrics, usd_per_hour
 from echo2cli.learner.server import bind_socket, build_app, serving
+from echo2cli.learner.sharded import ShardedTrainer, under_torchrun
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.models import MODEL_FILES, resolve_model
@@ -76,16 +77,13 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
-    trainer = Trainer(
-        model_dir,
-        lr=cfg.lr,
-        clip_eps=cfg.clip_eps,
-        is_cap=cfg.is_cap,
-        kl_coef=cfg.kl_coef,
-        max_grad_norm=cfg.max_grad_norm,
-        micro_batch=cfg.micro_batch,
-        temperature=cfg.temperature,
-    )
+    trainer = build_trainer(cfg, model_dir)
+    positions = getattr(trainer.model.config, "max_position_embeddings", None) or 1 << 30
+    if cfg.max_new_tokens >= positions:
+        raise ConfigError(
+            f"max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's {positions} positions: "
+            "lower it"
+        )
     coord = Coordinator(
         load_task(cfg.task, cfg.task_options),
         encode_prompt=lambda messages: encode_chat(tok, messages),
@@ -99,9 +97,42 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
         heartbeat_s=cfg.heartbeat_s,
         seed=cfg.seed,
         score=scorer,
-        max_seq_len=getattr(trainer.model.config, "max_position_embeddings", None),
+        max_seq_len=min(positions, cfg.max_prompt_tokens + cfg.max_new_tokens),
     )
     return trainer, coord
+
+
+def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
+    """One process: the plain trainer. Under torchrun: this rank's part of the sharded one (`sharded.py`)."""
+    kind: type[Trainer] = ShardedTrainer if under_torchrun() else Trainer
+    return kind(
+        model_dir,
+        lr=cfg.lr,
+        clip_eps=cfg.clip_eps,
+        is_cap=cfg.is_cap,
+        kl_coef=cfg.kl_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        micro_batch=cfg.micro_batch,
+        temperature=cfg.temperature,
+        max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+        activation_checkpointing=cfg.activation_checkpointing,
+    )
+
+
+def follow_learner(cfg: LearnerConfig) -> None:
+    """Ranks > 0 of a sharded learner: hold a shard and make rank 0's trainer calls until it finishes.
+    Signals are rank 0's to handle (it checkpoints at the next step and then releases the others)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+    trainer = build_trainer(cfg, resolve_model(cfg.model))
+    assert isinstance(trainer, ShardedTrainer)
+    trainer.follow()
 
 
 class Learner:
@@ -117,6 +148,7 @@ class Learner:
             contextlib.closing(Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s))
         )
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
+        self._closing.callback(self.trainer.close)  # a sharded trainer's other ranks stop with this one
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
@@ -179,6 +211,7 @@ class Learner:
             task=cfg.task,
             group_size=cfg.group_size,
             max_new_tokens=cfg.max_new_tokens,
+            context_len=self.coord.prompts.max_seq_len,
             temperature=cfg.temperature,
             staleness=cfg.staleness,
             heartbeat_s=cfg.heartbeat_s,
@@ -208,7 +241,11 @@ class Learner:
                 return t
             t_wait = time.time() - t0
             self.bubble.waited_for(t_wait, time.time())
-            record: dict[str, Any] = {"step": t, **batch_metrics(groups, t), **self.trainer.step(groups)}
+            record: dict[str, Any] = {
+                "step": t,
+                **batch_metrics(groups, t, self.cfg.max_new_tokens),
+                **self.trainer.step(groups),
+            }
             version = t + 1
             t_publish = self._publish(version)
             self.coord.advance(version)

@@ -35,9 +35,11 @@ SCALARS_IN_STATUS = (
 )
 
 
-def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
-    """`rollout/*` and `reward/*` of the groups trained at `step`; staleness counts every trained sample."""
+def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[str, Any]:
+    """`rollout/*` and `reward/*` of the groups trained at `step`; staleness counts every trained sample.
+    A completion is truncated if it reached max_new_tokens (counted here, not taken from the worker's word)."""
     rewards = [r for g in groups for r in g.rewards]
+    lengths = [len(s.completion_token_ids) for g in groups for s in g.samples]
     mean = sum(rewards) / len(rewards)
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
     hist = Counter(step - g.version for g in groups for _ in g.samples)
@@ -50,7 +52,9 @@ def batch_metrics(groups: list[Group], step: int) -> dict[str, Any]:
         "rollout/staleness_mean": sum(k * v for k, v in hist.items()) / len(rewards),
         "rollout/versions": sorted({g.version for g in groups}),
         "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
-        "rollout/gen_tokens": sum(len(s.completion_token_ids) for g in groups for s in g.samples),
+        "rollout/gen_tokens": sum(lengths),
+        "rollout/completion_len_max": max(lengths),
+        "rollout/truncated_frac": sum(n >= max_new_tokens for n in lengths) / len(lengths),
         "rollout/prompt_ids": [g.prompt_id for g in groups],
         **component_means(groups),
     }

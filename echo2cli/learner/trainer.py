@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
+from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
@@ -50,6 +51,26 @@ def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
     }
 
 
+class TokenLogp(torch.nn.Module):
+    """A causal LM scoring its completion tokens: the log-prob of each masked next token at temperature T.
+
+    The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs only on
+    completion positions: prompt positions carry no loss, and prompts are most of the tokens. One module with
+    one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+        where = mask.bool()
+        logits = self.model.get_output_embeddings()(hidden[where]).float() / temperature
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
+        return out
+
+
 class Trainer:
     def __init__(
         self,
@@ -62,26 +83,36 @@ class Trainer:
         max_grad_norm: float,
         micro_batch: int,
         temperature: float = 1.0,
+        max_tokens_per_micro_batch: int = 0,
+        activation_checkpointing: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
-        ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too."""
+        ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
+        A micro-batch holds at most `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most
+        that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
+        backward pass instead of keeping them: less memory for long sequences, about a third more compute."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError
 
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(f"model in {model_dir} does not load: {first}") from exc
         self.model.train()
-        self.ref = None
+        if activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.policy = TokenLogp(self.model)
+        self.ref: TokenLogp | None = None
         if kl_coef > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.autocast = _autocast_ok(self.device)
         self.temperature = temperature
         self.pad_id = int(self.model.config.pad_token_id or 0)
@@ -90,18 +121,10 @@ class Trainer:
     def _token_logp(
         self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """Log-prob of each next token, [N, T-1]; 0 where mask is 0.
-
-        The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs only
-        on completion positions: prompt positions carry no loss, and prompts are most of the tokens.
-        """
+        """Log-prob of each next token, [N, T-1]; 0 where mask is 0."""
+        policy = model if isinstance(model, TokenLogp) else TokenLogp(model)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
-            where = mask.bool()
-            logits = model.get_output_embeddings()(hidden[where]).float() / self.temperature
-        out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
-        return out
+            return policy(ids, attn, mask, self.temperature)
 
     def _collate(
         self, rows: Sequence[tuple[list[int], list[int], list[float]]]
@@ -129,43 +152,27 @@ class Trainer:
         advantages = compute_advantages(rewards).flatten()
         rows = [(g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples]
         origin = [(g, s) for g in groups for s in g.samples]
-        self.outliers = []  # the tokens where trainer and engine disagree most (`worst_tokens`)
         total_tokens = sum(len(c) for _, c, _ in rows)
+        lengths = [len(p) + len(c) for p, c, _ in rows]
+        chunks = micro_batches(self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch)
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for start in range(0, len(rows), self.micro_batch):
-            chunk = rows[start : start + self.micro_batch]
-            ids, attn, mask, behaviour = self._collate(chunk)
-            logp = self._token_logp(self.model, ids, attn, mask)
-            ref_logp = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_logp = self._token_logp(self.ref, ids, attn, mask)
-            for row, pos, log_w in worst_tokens(logp, behaviour, mask):
-                group, sample = origin[start + row]
-                self.outliers.append(_outlier(group, sample, pos, log_w))
-            adv = advantages[start : start + len(chunk)].to(self.device)
-            loss, metrics = grpo_loss(
-                logp,
-                behaviour,
-                adv,
-                mask,
-                clip_eps=self.clip_eps,
-                is_cap=self.is_cap,
-                ref_logp=ref_logp,
-                kl_coef=self.kl_coef,
-            )
-            share = float(mask.sum()) / max(total_tokens, 1)
-            (loss * share).backward()
-            for k, v in metrics.items():
-                sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * share
-        self.outliers = sorted(self.outliers, key=lambda o: -abs(o["log_w"]))[:5]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        outliers: list[dict[str, Any]] = []
+        for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
+            share = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
+            if chunk:
+                self._add_metrics(sums, share)
+                for row, pos, log_w in share.pop("outliers"):
+                    group, sample = origin[chunk[int(row)]]
+                    outliers.append(_outlier(group, sample, pos, log_w))
+        sums = self._reduce_metrics(sums)
+        self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
+        grad_norm = self._clip_grad_norm()
         self.opt.step()
         t_train = time.perf_counter() - t0
         return {
             **sums,
-            "train/grad_norm": float(grad_norm),
+            "train/grad_norm": grad_norm,
             "train/tokens": float(total_tokens),
             "train/abs_log_ratio_max": max((abs(o["log_w"]) for o in self.outliers), default=0.0),
             "train/advantage_nonzero_frac": float((advantages.abs() > 1e-6).float().mean()),
@@ -173,14 +180,74 @@ class Trainer:
             "perf/train_tokens_per_s": total_tokens / t_train,
         }
 
+    def _accumulate(
+        self, chunk: list[int], rows: list, advantages: torch.Tensor, total_tokens: int, weight: float
+    ) -> dict[str, Any]:
+        """Forward and backward over one micro-batch, its loss weighted by its share of the batch's completion
+        tokens (times `weight`: 0 for a pass a rank makes only to keep step with the others)."""
+        ids, attn, mask, behaviour = self._collate([rows[i] for i in chunk])
+        logp = self._token_logp(self.policy, ids, attn, mask)
+        ref_logp = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logp = self._token_logp(self.ref, ids, attn, mask)
+        loss, metrics = grpo_loss(
+            logp,
+            behaviour,
+            advantages[chunk].to(self.device),
+            mask,
+            clip_eps=self.clip_eps,
+            is_cap=self.is_cap,
+            ref_logp=ref_logp,
+            kl_coef=self.kl_coef,
+        )
+        share = float(mask.sum()) / max(total_tokens, 1)
+        (loss * (share * weight * self._loss_scale())).backward()
+        return {"share": share, "metrics": metrics, "outliers": worst_tokens(logp, behaviour, mask)}
+
+    @staticmethod
+    def _add_metrics(sums: dict[str, float], part: dict[str, Any]) -> None:
+        """Token-weighted means, and maxima for the `_max` metrics."""
+        for k, v in part["metrics"].items():
+            sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * part["share"]
+
+    # -- what a sharded trainer does differently (sharded.py); one process does it all ---------------
+
+    def _my_rows(self, lengths: list[int]) -> list[int]:
+        return list(range(len(lengths)))
+
+    def _micro_batch_count(self, mine: int) -> int:
+        return mine
+
+    def _loss_scale(self) -> float:
+        return 1.0
+
+    def _reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def _gather(self, outliers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return outliers
+
+    def _clip_grad_norm(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+
+    def _full_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights in bf16 on the CPU (None on a rank that does not write)."""
+        state = self.model.state_dict()
+        return {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
+
+    def close(self) -> None:
+        """Nothing to release in one process (a sharded trainer releases its other ranks)."""
+
     def export_weights(self, path: Path) -> None:
         """Write model.safetensors in bf16 (the rollout/wire dtype); tied lm_head is left out as HF does."""
         from safetensors.torch import save_file
 
-        state = self.model.state_dict()
+        tensors = self._full_state()
+        if tensors is None:
+            return
         if getattr(self.model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        tensors = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
+            tensors.pop("lm_head.weight", None)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         try:
@@ -192,6 +259,13 @@ class Trainer:
 
     def save_checkpoint(self, directory: Path) -> None:
         """Weights (fp32 safetensors + config), AdamW state and RNG states into `directory`."""
+        self._save(directory)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Weights, optimizer and RNG states from `save_checkpoint` (the KL reference stays the base model)."""
+        self._load(directory)
+
+    def _save(self, directory: Path) -> None:
         self.model.save_pretrained(directory)
         torch.save(self.opt.state_dict(), directory / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -199,8 +273,7 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, directory / "rng.pt")
 
-    def load_checkpoint(self, directory: Path) -> None:
-        """Weights, optimizer and RNG states from `save_checkpoint` (the KL reference stays the base model)."""
+    def _load(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
         state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
@@ -209,6 +282,8 @@ class Trainer:
             raise ValueError(
                 f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
             )
+        if not (directory / "optimizer.pt").exists() and (directory / "dcp").is_dir():
+            raise ValueError("it was written by a sharded learner: resume it with --nproc-per-node 2 or more")
         # weights_only: tensors, numbers and containers only. A checkpoint directory is data; with pickle's
         # defaults a crafted optimizer.pt or rng.pt would run code when loaded.
         try:

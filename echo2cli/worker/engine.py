@@ -35,6 +35,52 @@ class Completion:
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class GpuSettings:
+    """vLLM's settings on a GPU host (ignored on CPU, where the KV cache is sized in bytes)."""
+
+    memory_utilization: float = 0.5  # fraction of GPU memory for weights, activations and KV cache
+    tensor_parallel_size: int = 1  # GPUs one engine spreads each layer over
+    max_num_seqs: int = 0  # sequences generated at once (0 = vLLM's default)
+
+
+def engine_kwargs(
+    model_dir: Path,
+    *,
+    cuda: bool,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    kv_cache_gib: float,
+    gpu: GpuSettings,
+) -> dict:
+    """The arguments of `vllm.LLM` for one worker's engine."""
+    kwargs: dict = dict(
+        model=str(model_dir),
+        dtype=compute_dtype(cuda) if dtype == "auto" else dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",  # the log-probs of softmax(z / T), which the token came from
+        generation_config="vllm",  # no top-k/top-p from the model's generation_config.json
+        # On CPU, torch.compile warm-up takes 96-126 s per engine start against 4 s eager, for
+        # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
+        enforce_eager=not cuda,
+    )
+    if not cuda:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        # vLLM's CPU default of 128-token blocks leaves prompts shorter than that out of the prefix
+        # cache, so each of a prompt's n samples and every shared system prompt is prefilled again;
+        # 32-token blocks made a 200-problem eval 1.6x faster (docs/BENCHMARKS.md).
+        kwargs["block_size"] = 32
+        return kwargs
+    kwargs["gpu_memory_utilization"] = gpu.memory_utilization
+    kwargs["tensor_parallel_size"] = gpu.tensor_parallel_size
+    if gpu.max_num_seqs:
+        kwargs["max_num_seqs"] = gpu.max_num_seqs
+    return kwargs
+
+
 class Engine:
     def __init__(
         self,
@@ -45,6 +91,7 @@ class Engine:
         seed: int = 0,
         dtype: str = "auto",
         all_cpus: bool = False,
+        gpu: GpuSettings = GpuSettings(),
     ) -> None:
         """`all_cpus` (CPU only): run the model on every CPU this process may use. vLLM's default keeps one
         for its scheduler process, which on 2 cores halves the model's share; an engine that has the
@@ -55,30 +102,18 @@ class Engine:
             raise ModelError(f"vLLM is not importable ({exc}): run `bash scripts/setup.sh`") from exc
         cuda = has_cuda()
         self.max_model_len = max_model_len
-        dtype = compute_dtype(cuda) if dtype == "auto" else dtype
-        kwargs: dict = dict(
-            model=str(model_dir),
+        kwargs = engine_kwargs(
+            model_dir,
+            cuda=cuda,
             dtype=dtype,
             max_model_len=max_model_len,
             seed=seed,
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",  # the log-probs of softmax(z / T), which the token came from
-            generation_config="vllm",  # no top-k/top-p from the model's generation_config.json
-            # On CPU, torch.compile warm-up takes 96-126 s per engine start against 4 s eager, for
-            # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
-            enforce_eager=not cuda,
+            kv_cache_gib=kv_cache_gib,
+            gpu=gpu,
         )
-        if not cuda:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-            # vLLM's CPU default of 128-token blocks leaves prompts shorter than that out of the prefix
-            # cache, so each of a prompt's n samples and every shared system prompt is prefilled again;
-            # 32-token blocks made a 200-problem eval 1.6x faster (docs/BENCHMARKS.md).
-            kwargs["block_size"] = 32
-            if all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                # read by the engine process vLLM spawns, which inherits this environment
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        else:
-            kwargs["gpu_memory_utilization"] = 0.5
+        if not cuda and all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            # read by the engine process vLLM spawns, which inherits this environment
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         # vLLM's engine processes do not die with this one: a watchdog kills them if we are killed (reaper.py)
         self._reaper = start_reaper()
         try:

@@ -54,6 +54,8 @@ from echo2cli.worker.engine import Completion
 from echo2cli.worker.trust import safe_model_file
 from echo2cli.worker.versions import VersionStore
 
+DEFAULT_CONTEXT_LEN = 1024  # the engine's context when neither --max-model-len nor the learner says
+
 
 class EngineLike(Protocol):
     def generate(
@@ -106,11 +108,11 @@ class Worker:
         *,
         client: LearnerClient,
         make_node: Callable[[str], TorrentNode],
-        make_engine: Callable[[Path], EngineLike],
+        make_engine: Callable[[Path, int], EngineLike],
         console: Console | None = None,
     ) -> None:
-        """`make_node(tracker_key)`: the torrent session, once joined; `make_engine(engine_dir)`: the engine, once
-        the first version is here."""
+        """`make_node(tracker_key)`: the torrent session, once joined; `make_engine(engine_dir, context_len)`: the
+        engine, once the first version is here."""
         self.cfg, self.client, self.make_node, self.make_engine = cfg, client, make_node, make_engine
         self.console = console or Console(stderr=True, quiet=True)
         # absolute: the engine directory links to version files, and a relative link target would break
@@ -119,6 +121,7 @@ class Worker:
         self.node: TorrentNode | None = None
         self.store: VersionStore | None = None
         self.engine: EngineLike | None = None
+        self.context_len = 0  # the engine's: --max-model-len, else the run's (join answer); 0 until it starts
         self.worker_id = ""
         self.swap_s = 0.0  # the last swap's work: hash check or rebuild, plus the reload
         self.tokens_per_s = 0.0
@@ -147,13 +150,17 @@ class Worker:
 
     def _join(self) -> JoinResponse:
         cfg = self.cfg
-        info = self.client.join(
-            JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour, max_model_len=cfg.max_model_len)
-        )
+        info = self.client.join(self._join_request())
         self.client.unreachable_s = cfg.learner_restart_s  # from now on, an absent learner may be restarting
         self.join_info, self.worker_id = info, info.worker_id
         self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
         return info
+
+    def _join_request(self) -> JoinRequest:
+        """Our engine's context once it is fixed (by --max-model-len, or the engine running); before that None:
+        the engine will take the run's own context, which fits every prompt the learner leases."""
+        context = self.cfg.max_model_len or self.context_len or None
+        return JoinRequest(name=self.cfg.name, usd_per_hour=self.cfg.usd_per_hour, max_model_len=context)
 
     def _open(self, info: JoinResponse) -> None:
         """The work dir, events log, torrent session and version store; all closed when the run ends."""
@@ -181,7 +188,10 @@ class Worker:
         self._wait_download()
         first = self.store.take()
         self._link_weights(first.policy.version)
-        self.engine = self.make_engine(engine_dir)  # meanwhile the heartbeat already fetches anything newer
+        self.context_len = self.cfg.max_model_len or info.context_len or DEFAULT_CONTEXT_LEN
+        self.engine = self.make_engine(
+            engine_dir, self.context_len
+        )  # meanwhile the heartbeat already fetches anything newer
         self.store.record_load(self.worker_id, first, 0.0, t_swap=0.0)
         self._send_heartbeat()
         self.console.log(f"engine up with version {first.policy.version}")
@@ -307,8 +317,8 @@ class Worker:
         gen_s = time.perf_counter() - t0
         batch = rollout_batch(self.worker_id, lease, groups)
         if batch.unservable:
-            n, context = len(batch.unservable), self.cfg.max_model_len
-            self.console.log(f"{n} prompt(s) too long for max_model_len {context}: handed back")
+            n = len(batch.unservable)
+            self.console.log(f"{n} prompt(s) too long for the engine's context of {self.context_len}: handed back")
         self.tokens_per_s = sum(len(s.completion_token_ids) for s in batch.samples) / max(gen_s, 1e-9)
         if self.cfg.max_rollouts_per_s:  # emulate a slower GPU: the lease takes len/rate at least
             self.stop.wait(max(0.0, len(batch.samples) / self.cfg.max_rollouts_per_s - gen_s))
@@ -320,9 +330,7 @@ class Worker:
         assert self.store is not None and self.node is not None
         self.console.log(f"{why}: joining again")
         cfg = self.cfg
-        info = self.client.join(
-            JoinRequest(name=cfg.name, usd_per_hour=cfg.usd_per_hour, max_model_len=cfg.max_model_len)
-        )
+        info = self.client.join(self._join_request())
         if info.run_id != self.join_info.run_id:
             raise ProtocolError(
                 f"learner at {cfg.join} now runs another run ({info.run_id}, not {self.join_info.run_id}): start the "
@@ -358,13 +366,14 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             tracker_key=tracker_key,
         )
 
-    def make_engine(engine_dir: Path) -> EngineLike:
-        from echo2cli.worker.engine import Engine
+    def make_engine(engine_dir: Path, context_len: int) -> EngineLike:
+        from echo2cli.worker.engine import Engine, GpuSettings
 
         return Engine(
             engine_dir,
             kv_cache_gib=cfg.kv_cache_gib,
-            max_model_len=cfg.max_model_len,
+            max_model_len=context_len,
+            gpu=GpuSettings(cfg.gpu_memory_utilization, cfg.tensor_parallel_size, cfg.max_num_seqs),
             seed=cfg.seed,
             dtype=cfg.dtype,
         )

@@ -1,0 +1,42 @@
+"""How a step's sequences are spread over ranks and cut into micro-batches. Pure Python, no torch.
+
+A step is one token-level mean over every completion token of the batch, however the sequences are split:
+each micro-batch's loss is weighted by its share of the batch's completion tokens (`trainer.py`). So the split
+only decides memory and balance, and both are about tokens, not sequence counts: a 16k-token reasoning trace
+costs as much as a hundred short answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def balance(lengths: Sequence[int], world: int) -> list[list[int]]:
+    """Sequence indices per rank, with the token counts as even as greedy allows: longest first, each to the
+    rank with the fewest tokens so far (ties to the lowest rank). Every rank computes the same split."""
+    ranks: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        ranks[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(r) for r in ranks]
+
+
+def micro_batches(indices: Sequence[int], lengths: Sequence[int], max_tokens: int, max_seqs: int) -> list[list[int]]:
+    """`indices` cut into micro-batches of at most `max_seqs` sequences whose padded size (count x longest)
+    stays within `max_tokens` (0 = no token budget). A sequence longer than the budget goes alone.
+
+    Sequences are taken longest first, so those padded together have similar lengths."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        longest = max([lengths[j] for j in current] + [lengths[i]])
+        fits = len(current) < max_seqs and (max_tokens <= 0 or (len(current) + 1) * longest <= max_tokens)
+        if current and not fits:
+            out.append(current)
+            current = []
+        current.append(i)
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,208 @@
+"""The trainer sharded across processes with FSDP2 (`torch.distributed.fsdp.fully_shard`), under torchrun.
+
+Every rank holds 1/N of the fp32 parameters, gradients and AdamW state. Each decoder layer is one FSDP unit
+(all-gathered for its forward and backward, then freed); the root unit holds the embeddings, the final norm and
+the head. Compute runs under the same bf16 autocast as one process (`trainer.py`), so master weights, gradients
+and their reduction stay fp32.
+
+Rank 0 is the learner: coordinator, API, tracker and publisher run there alone. The other ranks only train:
+`follow()` waits for rank 0's next call (a step with its batch, an export, a checkpoint save or load) and
+makes the same one, so the collectives of every rank line up. In a step the batch's sequences are split
+across ranks by token count (`batching.balance`); each rank weighs its micro-batches by their share of the
+whole batch's completion tokens, so the summed gradient is the one-process gradient. A rank with fewer
+micro-batches than another makes zero-weighted passes to keep step.
+
+Checkpoints: `torch.distributed.checkpoint` (each rank writes its shards to `dcp/`) plus rank 0's
+HF export of the full fp32 weights, so `echo2 eval` reads a sharded run's checkpoint as any other.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from echo2cli.learner.batching import balance
+from echo2cli.learner.trainer import Trainer
+
+DCP_DIR = "dcp"  # in a checkpoint: the sharded weights and optimizer state
+STOP = "stop"
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) as torchrun set them; (0, 1) in a plain process."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or world()[1] > 1
+
+
+def die_with_parent() -> None:
+    """torchrun starts each rank in a session of its own: a torchrun killed with SIGKILL would leave them running
+    (rank 0 still serving the API). Linux delivers SIGKILL to a rank whose parent dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
+
+
+def init_process_group() -> torch.device:
+    """NCCL on CUDA (one GPU per local rank), gloo on CPU; returns this rank's device."""
+    die_with_parent()
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        # A rank waits for rank 0's next call as long as a step and a publish may take.
+        dist.init_process_group(backend, timeout=timedelta(hours=2))
+    return device
+
+
+class ShardedTrainer(Trainer):
+    def __init__(self, model_dir: Path, **kwargs: Any) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = init_process_group()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__(model_dir, device=device, **kwargs)
+        mesh = init_device_mesh(device.type, (self.world,))
+        for policy in [self.policy] + ([self.ref] if self.ref is not None else []):
+            for layer in policy.model.get_decoder().layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(policy, mesh=mesh)
+        # the optimizer on the sharded parameters: each rank keeps AdamW state for its shards only
+        lr = self.opt.param_groups[0]["lr"]
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+
+    # -- rank 0 calls, every other rank follows -------------------------------------------------------
+
+    def _tell(self, call: str, *args: Any) -> None:
+        if self.rank == 0:
+            dist.broadcast_object_list([call, args], src=0)
+
+    def follow(self) -> None:
+        """On ranks > 0: make each call rank 0 makes, until it says stop (or its process group fails)."""
+        while True:
+            message: list[Any] = [None, None]
+            dist.broadcast_object_list(message, src=0)
+            call, args = message
+            if call == STOP:
+                return
+            getattr(Trainer, call)(self, *args)
+
+    def close(self) -> None:
+        """Rank 0: release the other ranks (they return from `follow`)."""
+        if self.rank == 0 and dist.is_initialized():
+            self._tell(STOP)
+
+    def step(self, groups: list) -> dict[str, float]:
+        self._tell("step", groups)
+        return super().step(groups)
+
+    def export_weights(self, path: Path) -> None:
+        self._tell("export_weights", path)
+        super().export_weights(path)
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self._tell("save_checkpoint", directory)
+        super().save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        self._tell("load_checkpoint", directory)
+        super().load_checkpoint(directory)
+
+    # -- the sharded step --------------------------------------------------------------------------
+
+    def _my_rows(self, lengths: list[int]) -> list[int]:
+        return balance(lengths, self.world)[self.rank]
+
+    def _micro_batch_count(self, mine: int) -> int:
+        n = torch.tensor([mine])
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n)
+
+    def _loss_scale(self) -> float:
+        return float(self.world)  # FSDP averages gradients over ranks; each rank's loss is a part of one sum
+
+    def _reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        parts: list[dict[str, float]] = [{}] * self.world
+        dist.all_gather_object(parts, sums)
+        out: dict[str, float] = {}
+        for part in parts:
+            for k, v in part.items():
+                out[k] = max(out.get(k, v), v) if k.endswith("_max") else out.get(k, 0.0) + v
+        return out
+
+    def _gather(self, outliers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        parts: list[list[dict[str, Any]]] = [[]] * self.world
+        dist.all_gather_object(parts, outliers)
+        return [o for part in parts for o in part]
+
+    def _clip_grad_norm(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    # -- whole weights and checkpoints -------------------------------------------------------------------
+
+    def _gathered(self, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+        """The full weights on rank 0, gathered one tensor at a time (never a second full copy in memory)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, value in self.model.state_dict().items():
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            if self.rank == 0:
+                out[name] = full.detach().to("cpu", dtype).contiguous()
+            del full
+        return out if self.rank == 0 else None
+
+    def _full_state(self) -> dict[str, torch.Tensor] | None:
+        return self._gathered(torch.bfloat16)
+
+    def _save(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from echo2cli.layout import WEIGHTS_FILE
+
+        model_state, optim_state = get_state_dict(self.model, self.opt)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / DCP_DIR))
+        full = self._gathered(torch.float32)
+        if full is not None:  # rank 0: the HF export that eval and a plain learner read
+            if getattr(self.model.config, "tie_word_embeddings", False):
+                full.pop("lm_head.weight", None)
+            save_file(full, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+            self.model.config.save_pretrained(directory)
+            if getattr(self.model, "generation_config", None) is not None:
+                self.model.generation_config.save_pretrained(directory)
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            torch.save(rng, directory / "rng.pt")
+
+    def _load(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not (directory / DCP_DIR).is_dir():
+            raise ValueError(f"{directory} has no {DCP_DIR}/: it was not written by a sharded learner")
+        model_state, optim_state = get_state_dict(self.model, self.opt)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
+        set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rng = torch.load(directory / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])

@@ -1,0 +1,208 @@
+"""Memory plan: what the learner needs per rank and what a rollout host has left for KV cache. Pure Python.
+
+Learner, per rank of N (FSDP2, fp32 master weights, bf16 autocast compute; `learner/sharded.py`):
+    states       16 P / N          fp32 parameters, gradients and AdamW's two moments, each 1/N
+    gathered     4 (root + 2 layer) the root unit (embeddings, head, final norm) stays whole through the step,
+                 + 4 root (its grad) and FSDP holds the layer being computed and the next one (prefetch)
+    activations  per token of the micro-batch: every layer's saved tensors, or with activation checkpointing
+                 only each layer's input plus one layer's tensors while it is recomputed
+    logits       10 bytes x vocabulary per completion token (fp32 logits and their gradient, bf16 matmul
+                 output): the head runs only on completion positions (`trainer.TokenLogp`)
+Saved tensors per token and layer, bf16 unless said: norm inputs and residuals in fp32 (3 x 4h), norm outputs
+(2 x 2h), q/k/v and the attention output (2(n_q + 2 n_kv)d + 2 n_q d), o_proj input (2 n_q d), gate, up,
+activation and product (4 x 2I): `ACT_BYTES` below. `scripts/bench_learner_scale.py` measures the learner
+against this.
+
+Rollout host (vLLM, bf16 weights, tensor parallel over TP GPUs), per GPU:
+    weights   2 P / TP;   KV cache per token   2 (K and V) x layers x n_kv x d x 2 bytes / TP
+    room      memory x gpu_memory_utilization - weights, an upper bound (vLLM also keeps activation
+              workspace); sequences at full context = room / (KV per token x context)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from echo2cli.config import MemoryConfig
+from echo2cli.errors import ConfigError
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder-only transformer's shape, as in its HF config.json."""
+
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> Shape:
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            return cls(
+                vocab=int(config["vocab_size"]),
+                hidden=hidden,
+                intermediate=int(config["intermediate_size"]),
+                layers=int(config["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                tied=bool(config.get("tie_word_embeddings", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"config.json lacks a decoder shape field: {exc}") from exc
+
+    @classmethod
+    def from_model_dir(cls, path: Path) -> Shape:
+        try:
+            return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path}/config.json: {exc}") from exc
+
+    def layer_params(self) -> int:
+        h, d = self.hidden, self.head_dim
+        attention = h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q and o; k and v
+        return attention + 3 * h * self.intermediate + 2 * h + 2 * d  # SwiGLU MLP, two norms, q/k norms
+
+    def root_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.root_params()
+
+    def act_bytes(self) -> int:
+        """Saved bytes per token and layer without checkpointing (module docstring)."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return 12 * h + 4 * h + 2 * (q + 2 * kv) + 2 * q + 2 * q + 8 * i
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    states: float
+    gathered: float
+    activations: float
+    logits: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.gathered + self.activations + self.logits
+
+
+def learner_memory(
+    shape: Shape, ranks: int, micro_batch_tokens: int, completion_tokens: int, checkpointing: bool
+) -> LearnerMemory:
+    """Bytes per rank for one micro-batch of `micro_batch_tokens` padded tokens, `completion_tokens` of them
+    completions (the head's positions)."""
+    p = shape.params()
+    act_layer = shape.act_bytes() * micro_batch_tokens
+    if checkpointing:
+        activations = shape.layers * 4 * shape.hidden * micro_batch_tokens + act_layer
+    else:
+        activations = shape.layers * act_layer
+    return LearnerMemory(
+        states=16 * p / ranks if ranks > 1 else 16 * p,
+        gathered=(8 * shape.root_params() + 8 * shape.layer_params()) if ranks > 1 else 0,
+        activations=activations,
+        logits=10 * shape.vocab * completion_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class RolloutMemory:
+    weights: float
+    kv_per_token: float
+    room: float
+    sequences: int  # at full context
+
+
+def rollout_memory(
+    shape: Shape, gpu_gib: float, utilization: float, tensor_parallel: int, context: int
+) -> RolloutMemory:
+    weights = 2 * shape.params() / tensor_parallel
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 / tensor_parallel
+    room = gpu_gib * GiB * utilization - weights
+    return RolloutMemory(weights, kv, room, max(0, int(room // (kv * context))))
+
+
+def memory_plan(
+    shape: Shape,
+    *,
+    ranks: int,
+    device_gib: float,
+    micro_batch_tokens: int,
+    completion_tokens: int,
+    checkpointing: bool,
+    rollout_gib: float,
+    utilization: float,
+    tensor_parallel: int,
+    context: int,
+) -> dict:
+    """Both sides, with and without activation checkpointing; a ConfigError naming the side that cannot fit."""
+    both = {c: learner_memory(shape, ranks, micro_batch_tokens, completion_tokens, c) for c in (False, True)}
+    chosen = both[checkpointing]
+    rollout = rollout_memory(shape, rollout_gib, utilization, tensor_parallel, context)
+    report = {
+        "params": shape.params(),
+        "learner": {
+            "ranks": ranks,
+            "device_gib": device_gib,
+            "micro_batch_tokens": micro_batch_tokens,
+            "checkpointing": checkpointing,
+            "per_rank_gib": {k: v / GiB for k, v in asdict(chosen).items()} | {"total": chosen.total / GiB},
+            "total_gib_without_checkpointing": both[False].total / GiB,
+            "total_gib_with_checkpointing": both[True].total / GiB,
+        },
+        "rollout": {
+            "gpu_gib": rollout_gib,
+            "utilization": utilization,
+            "tensor_parallel": tensor_parallel,
+            "context": context,
+            "weights_gib": rollout.weights / GiB,
+            "kv_cache_gib": max(rollout.room, 0) / GiB,
+            "kv_mib_per_sequence": rollout.kv_per_token * context / (1 << 20),
+            "sequences_at_full_context": rollout.sequences,
+        },
+    }
+    if chosen.total > device_gib * GiB:
+        hint = "more ranks, a smaller --micro-batch-tokens" + (
+            "" if checkpointing else " or --activation-checkpointing"
+        )
+        raise ConfigError(
+            f"the learner needs {chosen.total / GiB:.1f} GiB per rank of {ranks} and a device has {device_gib:g} GiB: "
+            f"{hint}"
+        )
+    if rollout.sequences < 1:
+        raise ConfigError(
+            f"a rollout GPU of {rollout_gib:g} GiB at utilization {utilization:g} has {rollout.room / GiB:.1f} GiB "
+            f"after the weights, less than one {context}-token sequence's KV cache "
+            f"({rollout.kv_per_token * context / GiB:.2f} GiB): more tensor parallelism or a larger GPU"
+        )
+    return report
+
+
+def memory_plan_from(cfg: MemoryConfig) -> dict:
+    from echo2cli.models import resolve_model
+
+    shape = Shape.from_model_dir(resolve_model(cfg.model))
+    return memory_plan(
+        shape,
+        ranks=cfg.ranks,
+        device_gib=cfg.device_gib,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        completion_tokens=cfg.micro_batch_tokens if cfg.completion_tokens is None else cfg.completion_tokens,
+        checkpointing=cfg.activation_checkpointing,
+        rollout_gib=cfg.rollout_gib,
+        utilization=cfg.gpu_memory_utilization,
+        tensor_parallel=cfg.tensor_parallel_size,
+        context=cfg.context,
+    )

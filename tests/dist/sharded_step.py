@@ -1,0 +1,73 @@
+"""Run under torchrun: GRPO steps with the sharded trainer (or, with --plain, the one-process trainer) on fixed
+batches; rank 0 writes the metrics, the exported bf16 version and a checkpoint to OUT. Used by tests/test_sharded.py.
+
+    sharded_step.py MODEL_DIR OUT [--plain] [--fp32] [--steps N] [--resume CHECKPOINT --first K]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.types import Group
+from echo2cli.protocol import Sample
+
+KEEP = ("train/loss", "train/grad_norm", "train/is_weight_mean", "train/tokens", "train/abs_log_ratio_max")
+
+
+def batch(step: int) -> list[Group]:
+    """4 prompts x 4 samples of different lengths, fixed rewards and behaviour log-probs."""
+    g = torch.Generator().manual_seed(step)
+    groups = []
+    for p in range(4):
+        prompt = torch.randint(1, 64, (3 + 2 * p,), generator=g).tolist()
+        samples = []
+        for i in range(4):
+            n = 2 + (3 * p + 5 * i) % 9
+            samples.append(
+                Sample(
+                    prompt_id=p,
+                    sample_idx=i,
+                    completion_token_ids=torch.randint(1, 64, (n,), generator=g).tolist(),
+                    logprobs=(-4.0 + 0.1 * torch.rand(n, generator=g)).tolist(),
+                )
+            )
+        groups.append(Group(p, step, prompt, samples, [float((p + i) % 3 == 0) for i in range(4)], "w"))
+    return groups
+
+
+def main(a: argparse.Namespace) -> None:
+    kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3)
+    if a.plain:
+        trainer = Trainer(a.model, **kwargs)
+    else:
+        from echo2cli.learner.sharded import ShardedTrainer
+
+        trainer = ShardedTrainer(a.model, max_tokens_per_micro_batch=40, **kwargs)
+    if a.fp32:
+        trainer.autocast = False
+    if getattr(trainer, "rank", 0) != 0:
+        trainer.follow()  # makes rank 0's calls below
+        return
+    if a.resume:
+        trainer.load_checkpoint(a.resume)
+    metrics = [trainer.step(batch(s)) for s in range(a.first, a.first + a.steps)]
+    trainer.export_weights(a.out / "model.safetensors")
+    trainer.save_checkpoint(a.out / "checkpoint")  # fp32 weights in checkpoint/model.safetensors
+    if not a.plain:
+        trainer.close()
+    (a.out / "metrics.json").write_text(json.dumps([{k: m[k] for k in KEEP} for m in metrics]))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("model", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--plain", action="store_true")
+    p.add_argument("--fp32", action="store_true")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--resume", type=Path)
+    main(p.parse_args())

@@ -1,0 +1,30 @@
+"""The worker's vLLM arguments: the CPU path keeps its measured settings, a GPU host takes its flags."""
+
+from pathlib import Path
+
+from echo2cli.config import WorkerConfig
+from echo2cli.worker.engine import GpuSettings, engine_kwargs
+
+
+def kwargs(cuda: bool, gpu: GpuSettings = GpuSettings(), dtype: str = "auto") -> dict:
+    return engine_kwargs(Path("/m"), cuda=cuda, dtype=dtype, max_model_len=16896, seed=3, kv_cache_gib=0.5, gpu=gpu)
+
+
+def test_a_gpu_host_gets_bf16_its_memory_share_tensor_parallelism_and_batch():
+    k = kwargs(True, GpuSettings(memory_utilization=0.9, tensor_parallel_size=2, max_num_seqs=64))
+    assert k["dtype"] == "bfloat16" and k["max_model_len"] == 16896 and not k["enforce_eager"]
+    assert (k["gpu_memory_utilization"], k["tensor_parallel_size"], k["max_num_seqs"]) == (0.9, 2, 64)
+    assert "kv_cache_memory_bytes" not in k and "block_size" not in k
+    assert "max_num_seqs" not in kwargs(True)  # 0: vLLM's own default
+
+
+def test_the_cpu_path_keeps_its_measured_settings_whatever_the_gpu_flags():
+    k = kwargs(False, GpuSettings(memory_utilization=0.9, tensor_parallel_size=2, max_num_seqs=64), dtype="float32")
+    assert k["kv_cache_memory_bytes"] == 1 << 29 and k["block_size"] == 32 and k["enforce_eager"]
+    assert k["dtype"] == "float32" and k["logprobs_mode"] == "processed_logprobs"
+    assert not {"gpu_memory_utilization", "tensor_parallel_size", "max_num_seqs"} & k.keys()
+
+
+def test_worker_flags_default_to_the_settings_before_they_existed():
+    cfg = WorkerConfig(join="http://learner")
+    assert GpuSettings(cfg.gpu_memory_utilization, cfg.tensor_parallel_size, cfg.max_num_seqs) == GpuSettings()
