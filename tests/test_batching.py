@@ -1,0 +1,24 @@
+"""How a step's sequences are split over ranks and into micro-batches (pure)."""
+
+from echo2cli.learner.batching import balance, micro_batches
+
+
+def test_ranks_get_every_sequence_once_with_token_counts_close():
+    lengths = [900, 100, 120, 400, 380, 60, 50, 700]
+    split = balance(lengths, 2)
+    assert sorted(i for r in split for i in r) == list(range(len(lengths)))
+    loads = [sum(lengths[i] for i in r) for r in split]
+    assert abs(loads[0] - loads[1]) <= max(lengths) and sum(loads) == sum(lengths)
+    assert balance(lengths, 1) == [list(range(len(lengths)))]
+    assert balance([5], 3) == [[0], [], []]  # fewer sequences than ranks: some ranks get none
+
+
+def test_micro_batches_keep_the_padded_size_within_the_token_budget():
+    lengths = [1000, 30, 40, 500, 480, 20]
+    chunks = micro_batches(range(6), lengths, max_tokens=1000, max_seqs=8)
+    assert sorted(i for c in chunks for i in c) == list(range(6))
+    for c in chunks:
+        assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 1000
+    assert [0] in chunks  # as long as the budget: alone
+    assert micro_batches([0, 1, 2], [10, 10, 10], max_tokens=0, max_seqs=2) == [[0, 1], [2]]  # no budget: counts only
+    assert micro_batches([0], [5000], max_tokens=100, max_seqs=4) == [[0]]  # longer than the budget: still trained
