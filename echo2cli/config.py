@@ -100,7 +100,7 @@ class LearnerConfig(_Config):
         0, ge=0, description="padded tokens per forward/backward pass, for long completions (0 = no token budget)"
     )
     activation_checkpointing: bool = Field(
-        False, description="recompute each layer's activations in the backward pass: less memory, ~1/3 more compute"
+        False, description="recompute each layer's activations in the backward pass: less memory, more compute"
     )
     nproc_per_node: int = Field(
         1,
@@ -133,7 +133,12 @@ class LearnerConfig(_Config):
     )
     tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve the API and tracker over HTTPS")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
-    lease_timeout_s: float = Field(120.0, gt=0.0, description="unfinished prompts are leased again after this")
+    lease_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="unfinished prompts are leased again after this; long enough for a lease of long completions",
+        json_schema_extra={"shown_default": "max(120, max_new_tokens / 20) s"},
+    )
     heartbeat_s: float = Field(2.0, gt=0.0, description="worker heartbeat period; 3 missed = inactive")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
@@ -147,6 +152,11 @@ class LearnerConfig(_Config):
     plan_every: int = Field(2, ge=1, description="steps between re-plans (joins and deaths re-plan at once)")
     plan_rule: Literal["echo2", "paper"] = Field("echo2", description="which mu_min activation targets")
     learner_usd_per_hour: float = Field(0.0, ge=0.0, description="price of the learner box, for cost per step")
+
+    def lease_timeout(self) -> float:
+        """`lease_timeout_s`, or 120 s or 1/20 s per completion token, whichever is longer: a worker generating
+        at 20 tokens/s per sequence still returns a lease of capped completions in time."""
+        return self.lease_timeout_s or max(120.0, self.max_new_tokens / 20)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> LearnerConfig:

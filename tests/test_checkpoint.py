@@ -234,3 +234,12 @@ def test_a_full_disk_while_encoding_a_delta_is_a_disk_full_error(tiny_model_dir,
     monkeypatch.setattr(pub_module, "encode_delta", full)
     with pytest.raises(DiskFullError, match="disk full writing the delta of version 1"):
         publisher.publish(1)
+
+
+def test_a_sharded_checkpoint_given_to_a_one_process_learner_says_to_use_ranks(tiny_model_dir, tmp_path):  # noqa: F811
+    trainer = make_trainer(tiny_model_dir)
+    trainer.save_checkpoint(tmp_path)
+    (tmp_path / "optimizer.pt").unlink()  # what a sharded learner writes instead: dcp/
+    (tmp_path / "dcp").mkdir()
+    with pytest.raises(ValueError, match="written by a sharded learner: resume it with --nproc-per-node"):
+        make_trainer(tiny_model_dir).load_checkpoint(tmp_path)

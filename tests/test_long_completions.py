@@ -111,3 +111,9 @@ def test_max_model_len_overrides_the_run_and_an_old_learner_gets_the_default(tmp
     assert learner.join_requests[-1].max_model_len == 4096
     learner.context_len = 0
     assert worker(tmp_path / "b", learner).engine.context_len == DEFAULT_CONTEXT_LEN
+
+
+def test_the_lease_timeout_grows_with_the_completion_cap_unless_given():
+    assert LearnerConfig().lease_timeout() == 120.0
+    assert LearnerConfig(max_new_tokens=16384).lease_timeout() == 16384 / 20
+    assert LearnerConfig(max_new_tokens=16384, lease_timeout_s=60).lease_timeout() == 60

@@ -48,7 +48,7 @@ def test_sharding_divides_the_states_and_checkpointing_cuts_activations():
     assert eight.gathered > 0 == one.gathered  # whole root and two layers at a time, on ranks that shard
     checkpointed = learner_memory(QWEN3_8B, 8, 8192, 4096, checkpointing=True)
     assert checkpointed.activations < eight.activations / 5
-    assert checkpointed.logits == eight.logits == 10 * QWEN3_8B.vocab * 4096
+    assert checkpointed.logits == eight.logits == 20 * QWEN3_8B.vocab * 2048  # the head runs 2048 tokens at a time
 
 
 def test_an_8b_learner_does_not_fit_one_80_gib_gpu_but_fits_eight_with_checkpointing():
@@ -72,3 +72,10 @@ def test_a_rollout_gpu_without_room_for_one_sequence_is_refused_in_one_line():
 def test_a_config_without_a_shape_is_one_line():
     with pytest.raises(ConfigError, match="lacks a decoder shape field"):
         Shape.from_config({"vocab_size": 10})
+
+
+def test_the_plan_chunks_the_head_as_the_trainer_does():
+    from echo2cli.learner.trainer import LOGIT_CHUNK
+    from echo2cli.plan import memory
+
+    assert memory.LOGIT_CHUNK == LOGIT_CHUNK

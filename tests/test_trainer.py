@@ -90,3 +90,22 @@ def test_tokens_are_scored_at_the_sampling_temperature(tiny_model_dir):
     atol = 5e-2 if tr.autocast else 1e-5
     assert torch.allclose(got, expected, atol=atol)
     assert not torch.allclose(got, logp_of(tr, prompt, completion), atol=atol)  # T = 1 would differ
+
+
+def test_the_head_in_chunks_gives_the_same_log_probs_and_gradients(tiny_model_dir, monkeypatch):
+    from echo2cli.learner import trainer as trainer_module
+
+    rows = [([5, 6, 7], [8, 9, 10, 11, 12], [-1.0] * 5), ([5], [10, 11, 12, 13], [-1.0] * 4)]
+    results = []
+    for chunk in (4096, 3):  # one pass, then 9 completion positions in chunks of 3
+        monkeypatch.setattr(trainer_module, "LOGIT_CHUNK", chunk)
+        tr = make_trainer(tiny_model_dir)
+        tr.autocast = False
+        ids, attn, mask, _ = tr._collate(rows)
+        logp = tr._token_logp(tr.policy, ids, attn, mask)
+        logp.sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in tr.model.parameters()]))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)

@@ -93,7 +93,7 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
         prompts_per_step=cfg.prompts_per_step,
         max_new_tokens=cfg.max_new_tokens,
         vocab_size=int(trainer.model.config.vocab_size),
-        lease_timeout_s=cfg.lease_timeout_s,
+        lease_timeout_s=cfg.lease_timeout(),
         heartbeat_s=cfg.heartbeat_s,
         seed=cfg.seed,
         score=scorer,

@@ -51,12 +51,17 @@ def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
     }
 
 
+LOGIT_CHUNK = 2048  # completion positions whose vocabulary logits exist at once (long completions)
+
+
 class TokenLogp(torch.nn.Module):
     """A causal LM scoring its completion tokens: the log-prob of each masked next token at temperature T.
 
     The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs only on
-    completion positions: prompt positions carry no loss, and prompts are most of the tokens. One module with
-    one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
+    completion positions: prompt positions carry no loss, and prompts are most of the tokens. Past LOGIT_CHUNK
+    positions it runs a chunk at a time and again in the backward pass (activation checkpointing of the head
+    alone): the fp32 logits of a 16k-token completion over a 150k vocabulary would otherwise take ~10 GB per
+    copy. One module with one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -65,10 +70,30 @@ class TokenLogp(torch.nn.Module):
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
         hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
         where = mask.bool()
-        logits = self.model.get_output_embeddings()(hidden[where]).float() / temperature
+        picked, targets = hidden[where], ids[:, 1:][where]
+        if len(targets) <= LOGIT_CHUNK:
+            logp = self._logp(picked, targets, temperature)
+        else:
+            from torch.utils.checkpoint import checkpoint
+
+            parts = [
+                checkpoint(
+                    self._logp,
+                    picked[i : i + LOGIT_CHUNK],
+                    targets[i : i + LOGIT_CHUNK],
+                    temperature,
+                    use_reentrant=False,
+                )
+                for i in range(0, len(targets), LOGIT_CHUNK)
+            ]
+            logp = torch.cat(parts)
         out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        out[where] = -F.cross_entropy(logits, ids[:, 1:][where], reduction="none")
+        out[where] = logp
         return out
+
+    def _logp(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        logits = self.model.get_output_embeddings()(hidden).float() / temperature
+        return -F.cross_entropy(logits, targets, reduction="none")
 
 
 class Trainer:
@@ -91,7 +116,7 @@ class Trainer:
         ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
         A micro-batch holds at most `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most
         that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
-        backward pass instead of keeping them: less memory for long sequences, about a third more compute."""
+        backward pass instead of keeping them: less memory for long sequences, more compute."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError

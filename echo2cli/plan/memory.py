@@ -6,8 +6,9 @@ Learner, per rank of N (FSDP2, fp32 master weights, bf16 autocast compute; `lear
                  + 4 root (its grad) and FSDP holds the layer being computed and the next one (prefetch)
     activations  per token of the micro-batch: every layer's saved tensors, or with activation checkpointing
                  only each layer's input plus one layer's tensors while it is recomputed
-    logits       10 bytes x vocabulary per completion token (fp32 logits and their gradient, bf16 matmul
-                 output): the head runs only on completion positions (`trainer.TokenLogp`)
+    logits       20 bytes x vocabulary per completion token, for at most LOGIT_CHUNK tokens at a time (the
+                 head's bf16 output, its fp32 copy, scaled copy and log-softmax, and their gradients): the head
+                 runs only on completion positions, in chunks past LOGIT_CHUNK (`trainer.TokenLogp`)
 Saved tensors per token and layer, bf16 unless said: norm inputs and residuals in fp32 (3 x 4h), norm outputs
 (2 x 2h), q/k/v and the attention output (2(n_q + 2 n_kv)d + 2 n_q d), o_proj input (2 n_q d), gate, up,
 activation and product (4 x 2I): `ACT_BYTES` below. `scripts/bench_learner_scale.py` measures the learner
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from echo2cli.config import MemoryConfig
 from echo2cli.errors import ConfigError
+
+LOGIT_CHUNK = 2048  # as learner/trainer.py (not imported: that imports torch)
 
 GiB = 1 << 30
 
@@ -113,7 +116,7 @@ def learner_memory(
         states=16 * p / ranks if ranks > 1 else 16 * p,
         gathered=(8 * shape.root_params() + 8 * shape.layer_params()) if ranks > 1 else 0,
         activations=activations,
-        logits=10 * shape.vocab * completion_tokens,
+        logits=20 * shape.vocab * min(completion_tokens, LOGIT_CHUNK),
     )
 
 

@@ -86,6 +86,14 @@ def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model
         assert_same_weights(tmp_path / "plain" / weights, tmp_path / after_three / weights)
 
 
+def test_two_ranks_gather_the_same_version_file_byte_for_byte(tiny_model, tmp_path):
+    run(tiny_model, tmp_path / "plain", "--steps=0")
+    run(tiny_model, tmp_path / "two", "--steps=0", ranks=2)
+    assert (tmp_path / "plain" / "model.safetensors").read_bytes() == (
+        tmp_path / "two" / "model.safetensors"
+    ).read_bytes()
+
+
 def test_the_bf16_version_of_two_ranks_is_the_one_process_version_to_the_last_bf16_bit(tiny_model, tmp_path):
     run(tiny_model, tmp_path / "plain", ranks=0)
     run(tiny_model, tmp_path / "two", ranks=2)

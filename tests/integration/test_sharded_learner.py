@@ -83,7 +83,9 @@ def test_two_ranks_train_every_step_and_resume_after_a_kill_from_the_checkpoint(
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(STEPS))  # steps after the checkpoint are trained again, once
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
-    final = Path(json.loads((out / "summary.json").read_text())["checkpoint"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["start_step"] == 2  # the resumed run began at the checkpoint it was given
+    final = Path(summary["checkpoint"])
     assert final == checkpoint_dir(out, STEPS) and (final / "dcp").is_dir()  # each rank's shards
     assert (final / "model.safetensors").exists()  # and rank 0's whole-model export, for eval
 
