@@ -15,31 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_trainer import tiny_model_dir  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent.parent / "dist" / "sharded_step.py"
 RTOL = ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
-    path = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
 
 
 def run(model: Path, out: Path, *args: str, ranks: int = 0) -> list[dict]:
@@ -70,33 +51,33 @@ def assert_same_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(x[k], y[k], rtol=RTOL, atol=ATOL, msg=k)
 
 
-def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model, tmp_path):
-    plain = run(tiny_model, tmp_path / "plain", "--steps=3")
-    run(tiny_model, tmp_path / "plain2", "--steps=2")
-    two = run(tiny_model, tmp_path / "two", ranks=2)
-    one = run(tiny_model, tmp_path / "one", ranks=1)
+def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model_dir, tmp_path):  # noqa: F811
+    plain = run(tiny_model_dir, tmp_path / "plain", "--steps=3")
+    run(tiny_model_dir, tmp_path / "plain2", "--steps=2")
+    two = run(tiny_model_dir, tmp_path / "two", ranks=2)
+    one = run(tiny_model_dir, tmp_path / "one", ranks=1)
     assert_close(two, plain[:2])
     assert_close(one, plain[:2])
     resume = ["--steps=1", "--first=2", f"--resume={tmp_path / 'two' / 'checkpoint'}"]
-    assert_close(run(tiny_model, tmp_path / "r2", *resume, ranks=2), plain[2:])
-    assert_close(run(tiny_model, tmp_path / "r1", *resume, ranks=1), plain[2:])  # DCP reshards 2 ranks onto 1
+    assert_close(run(tiny_model_dir, tmp_path / "r2", *resume, ranks=2), plain[2:])
+    assert_close(run(tiny_model_dir, tmp_path / "r1", *resume, ranks=1), plain[2:])  # DCP reshards 2 ranks onto 1
     weights = "checkpoint/model.safetensors"
     for after_two, after_three in (("two", "r2"), ("one", "r1")):
         assert_same_weights(tmp_path / "plain2" / weights, tmp_path / after_two / weights)
         assert_same_weights(tmp_path / "plain" / weights, tmp_path / after_three / weights)
 
 
-def test_two_ranks_gather_the_same_version_file_byte_for_byte(tiny_model, tmp_path):
-    run(tiny_model, tmp_path / "plain", "--steps=0")
-    run(tiny_model, tmp_path / "two", "--steps=0", ranks=2)
+def test_two_ranks_gather_the_same_version_file_byte_for_byte(tiny_model_dir, tmp_path):  # noqa: F811
+    run(tiny_model_dir, tmp_path / "plain", "--steps=0")
+    run(tiny_model_dir, tmp_path / "two", "--steps=0", ranks=2)
     assert (tmp_path / "plain" / "model.safetensors").read_bytes() == (
         tmp_path / "two" / "model.safetensors"
     ).read_bytes()
 
 
-def test_the_bf16_version_of_two_ranks_is_the_one_process_version_to_the_last_bf16_bit(tiny_model, tmp_path):
-    run(tiny_model, tmp_path / "plain", ranks=0)
-    run(tiny_model, tmp_path / "two", ranks=2)
+def test_after_a_step_the_bf16_version_of_two_ranks_is_within_one_bf16_step_of_one_process(tiny_model_dir, tmp_path):  # noqa: F811
+    run(tiny_model_dir, tmp_path / "plain", ranks=0)
+    run(tiny_model_dir, tmp_path / "two", ranks=2)
     x = load_file(str(tmp_path / "plain" / "model.safetensors"))
     y = load_file(str(tmp_path / "two" / "model.safetensors"))
     assert x.keys() == y.keys() and "lm_head.weight" not in x
