@@ -73,10 +73,6 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
         tok = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
-    if cfg.torch_threads:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
     trainer = build_trainer(cfg, model_dir)
     positions = getattr(trainer.model.config, "max_position_embeddings", None) or 1 << 30
     if cfg.max_new_tokens >= positions:
@@ -104,6 +100,10 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
 
 def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
     """One process: the plain trainer. Under torchrun: this rank's part of the sharded one (`sharded.py`)."""
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     kind: type[Trainer] = ShardedTrainer if under_torchrun() else Trainer
     return kind(
         model_dir,
@@ -126,10 +126,6 @@ def follow_learner(cfg: LearnerConfig) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if cfg.torch_threads:
-        import torch
-
-        torch.set_num_threads(cfg.torch_threads)
     trainer = build_trainer(cfg, resolve_model(cfg.model))
     assert isinstance(trainer, ShardedTrainer)
     trainer.follow()

@@ -184,10 +184,10 @@ class Trainer:
         sums: dict[str, float] = {}
         outliers: list[dict[str, Any]] = []
         for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
-            share = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
+            part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
             if chunk:
-                self._add_metrics(sums, share)
-                for row, pos, log_w in share.pop("outliers"):
+                self._add_metrics(sums, part)
+                for row, pos, log_w in part.pop("outliers"):
                     group, sample = origin[chunk[int(row)]]
                     outliers.append(_outlier(group, sample, pos, log_w))
         sums = self._reduce_metrics(sums)
