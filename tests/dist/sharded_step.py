@@ -70,4 +70,9 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--resume", type=Path)
-    main(p.parse_args())
+    args = p.parse_args()
+    main(args)
+    if not args.plain:
+        from echo2cli.learner.sharded import leave
+
+        leave(0)

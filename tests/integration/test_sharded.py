@@ -32,7 +32,8 @@ def run(model: Path, out: Path, *args: str, ranks: int = 0) -> list[dict]:
         cmd = [sys.executable]
     cmd += [str(SCRIPT), str(model), str(out), "--fp32", *args] + ([] if ranks else ["--plain"])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, timeout=300, env=env, capture_output=True)
+    proc = subprocess.run(cmd, timeout=300, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "metrics.json").read_text())
 
 
