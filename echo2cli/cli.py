@@ -22,6 +22,7 @@ from rich.table import Table
 from echo2cli.cli_options import options_from
 from echo2cli.config import (
     BenchBroadcastConfig,
+    BenchStalenessConfig,
     DemoConfig,
     EvalConfig,
     LearnerConfig,
@@ -344,6 +345,54 @@ def bench_broadcast(
             f"{r.lower_bound_s:.1f}",
             f"{r.ratio:.2f}",
             f"{r.learner_upload_over_size:.2f}",
+        )
+    Console().print(table)
+
+
+@bench_app.command("staleness", epilog=ENV_NOTE)
+@options_from(BenchStalenessConfig, names={"out_dir": "--out"})
+def bench_staleness(
+    given: dict[str, Any],
+    config: Path | None = ConfigOpt,
+    plot: Path | None = typer.Option(None, help="write a PNG of reward vs step and vs wall time, one line per setting"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Real runs (learner + workers, then `echo2 eval`) for each staleness bound S, correction and seed: reward
+    curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
+    they finish; run again with the same OUT to resume where it stopped."""
+    from echo2cli.bench.staleness import plot as plot_rows
+    from echo2cli.bench.staleness import run_bench, summary
+
+    def progress(r: dict[str, Any]) -> None:
+        console.print(
+            f"{r['name']}: {r['steps']} steps in {r['train_s']:.0f} s, reward last 3 "
+            f"{sum(r['reward'][-3:]) / 3:.3f}, held-out greedy {r['eval_greedy_accuracy']:.3f}, "
+            f"guard flags {len(r['guard'])}",
+            soft_wrap=True,
+        )
+
+    cfg = load_config(BenchStalenessConfig, config, given, "bench")
+    rows = run_bench(cfg, on_row=progress)
+    if plot is not None:
+        plot_rows(rows, plot)
+    table_rows = summary(rows)
+    if as_json:
+        print(json.dumps({"settings": table_rows, "runs": rows}))
+        return
+    table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
+    for col in ("S", "correction", "adaptive", "seeds", "greedy acc (min-max)", "pass@k", "train s", "vs S=0"):
+        table.add_column(col, justify="right")
+    for r in table_rows:
+        speed = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
+        table.add_row(
+            str(r["staleness"]),
+            r["off_policy"],
+            "yes" if r["adaptive"] else "no",
+            str(r["seeds"]),
+            f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.3f}-{r['greedy_accuracy_max']:.3f})",
+            f"{r['pass_at_k']:.3f}",
+            f"{r['train_s']:.0f}",
+            speed,
         )
     Console().print(table)
 

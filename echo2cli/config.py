@@ -53,6 +53,8 @@ class LearnerConfig(_Config):
         "Run": "model task out_dir steps seed checkpoint_every torch_threads",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
         "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
+        "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
+        "guard_kl_max guard_clip_max",
         "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
         "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
@@ -92,7 +94,27 @@ class LearnerConfig(_Config):
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
-    is_cap: float = Field(3.0, gt=1.0, description="C: importance-weight truncation (dual clip)")
+    is_cap: float = Field(
+        3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
+    )
+    off_policy: Literal["token_tis", "seq_mask", "geo_mask", "decoupled"] = Field(
+        "token_tis",
+        description="how stale tokens are corrected: token_tis (PPO + dual clip at C), seq_mask (TRL: sequence "
+        "weight, dropped past C), geo_mask (SkyRL: drop sequences whose mean ratio leaves [geo_low, geo_high]), "
+        "decoupled (AReaL: proximal PPO, behaviour weight masked past C)",
+    )
+    geo_low: float = Field(0.99, gt=0.0, lt=1.0, description="geo_mask: lowest geometric-mean ratio kept")
+    geo_high: float = Field(1.01, gt=1.0, description="geo_mask: highest geometric-mean ratio kept")
+    adaptive_staleness: bool = Field(
+        False,
+        description="when the guard flags a step, halve the S new leases are sized with; raise it by one after "
+        "3 healthy steps (the configured S stays the admission bound)",
+    )
+    guard_ess_min: float = Field(
+        0.5, ge=0.0, le=1.0, description="guard: flag a step whose importance-weight ESS (0..1) falls below"
+    )
+    guard_kl_max: float = Field(0.5, gt=0.0, description="guard: flag a step whose mean behaviour KL exceeds")
+    guard_clip_max: float = Field(0.3, gt=0.0, le=1.0, description="guard: flag a step whose clip fraction exceeds")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward pass")
@@ -382,6 +404,26 @@ class BenchBroadcastConfig(_Config):
     mode: Literal["auto", "netns", "loopback"] = Field(
         "auto", description="netns: namespaces + tc tbf, needs root; loopback: libtorrent and HTTP rate limits"
     )
+
+
+class BenchStalenessConfig(_Config):
+    """`echo2 bench staleness`."""
+
+    staleness: str = Field("0,1,2,4,8", description="staleness bounds S to run, comma-separated (0 = synchronous)")
+    seeds: int = Field(2, ge=1, le=16, description="runs per setting, seeds 0..N-1")
+    steps: int = Field(20, ge=1, description="optimizer steps per run")
+    workers: int = Field(1, ge=1, le=16, description="local workers per run")
+    off_policy: str = Field(
+        "token_tis", description="off-policy corrections to run, comma-separated (see `echo2 learner --help`)"
+    )
+    adaptive_staleness: bool = Field(False, description="run the learners with --adaptive-staleness")
+    prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
+    group_size: int = Field(8, ge=2, description="G: samples per prompt")
+    max_new_tokens: int = Field(16, ge=1, description="completion length cap")
+    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    eval_limit: int = Field(200, ge=1, description="held-out problems in each run's final evaluation")
+    eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")
+    out_dir: Path = Field(Path("runs/bench-staleness"), description="one run directory per setting and seed here")
 
 
 C = TypeVar("C", bound=_Config)

@@ -105,7 +105,7 @@ def summarize(out: Path, wall_s: float) -> dict[str, Any]:
 
 
 def _last_decision(out: Path) -> str:
-    decisions = read_metrics(out / "decisions.jsonl")
+    decisions = [d for d in read_metrics(out / "decisions.jsonl") if d.get("kind") != "staleness"]
     if not decisions:
         return "-"
     d = decisions[-1]

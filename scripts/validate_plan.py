@@ -94,6 +94,7 @@ def one_run(out: Path, n: int, a: argparse.Namespace) -> dict:
     pool = run["pool"]
     if a.activation == "cost":  # the set that generated at the end: the closed loop's last choice
         decisions = [json.loads(x) for x in (out / "decisions.jsonl").read_text().splitlines()]
+        decisions = [d for d in decisions if d.get("kind") != "staleness"]  # the divergence guard's lines
         active = set(decisions[-1]["active"])
         pool = [w for w in pool if w.name in active]
     inp = PlanInputs(

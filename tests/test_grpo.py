@@ -47,7 +47,7 @@ def test_loss_matches_a_plain_loop_including_clipping_and_truncation():
     blogp = logp + torch.randn(5, 7, generator=g) * 1.5  # ratios far from 1: both clips are active
     adv = torch.tensor([1.5, -2.0, 0.3, -0.7, 0.0])
     mask = (torch.rand(5, 7, generator=g) > 0.2).float()
-    loss, metrics = grpo_loss(logp, blogp, adv, mask, clip_eps=0.2, is_cap=3.0)
+    loss, metrics, _ = grpo_loss(logp, blogp, adv, mask, clip_eps=0.2, is_cap=3.0)
     expected = loop_loss(logp.tolist(), blogp.tolist(), adv.tolist(), mask.tolist(), 0.2, 3.0)
     assert abs(float(loss) - expected) < 1e-5
     assert 0 < metrics["train/clipfrac"] < 1
@@ -56,7 +56,7 @@ def test_loss_matches_a_plain_loop_including_clipping_and_truncation():
 
 def test_on_policy_gradient_raises_logp_of_positive_advantage_tokens():
     logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_(True)
-    loss, metrics = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2))
+    loss, metrics, _ = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2))
     loss.backward()
     assert torch.all(logp.grad < 0)  # descending the loss increases logp
     assert metrics["train/clipfrac"] == 0 and metrics["train/is_weight_mean"] == 1
@@ -64,8 +64,8 @@ def test_on_policy_gradient_raises_logp_of_positive_advantage_tokens():
 
 def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it():
     logp = torch.log(torch.tensor([[0.2, 0.7]]))
-    _, at_ref = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp, kl_coef=0.1)
-    _, away = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1)
+    _, at_ref, _ = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp, kl_coef=0.1)
+    _, away, _ = grpo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=0.1)
     assert at_ref["train/kl_ref"] == 0 and away["train/kl_ref"] > 0
 
 
@@ -78,3 +78,68 @@ def test_worst_tokens_names_the_largest_gaps_by_completion_position():
     assert [(r, p) for r, p, _ in top] == [(1, 1), (0, 0)]  # the -9 gap sits in the prompt: not counted
     assert top[0][2] == pytest.approx(-10.0) and top[1][2] == pytest.approx(0.1)
     assert worst_tokens(logp, behaviour, torch.zeros_like(mask)) == []
+
+
+# -- off-policy corrections against hand-computed values: 2 sequences x 2 tokens, A = [+1, -1] ---------------
+
+
+def corrected(log_w: list[list[float]], mode: str, **kw):
+    """Loss, metrics and d loss / d logp for behaviour log-probs of -1 and the given log w = logp - behaviour."""
+    behaviour = torch.full((2, 2), -1.0)
+    logp = (behaviour + torch.tensor(log_w)).requires_grad_()
+    loss, metrics, rows = grpo_loss(logp, behaviour, torch.tensor([1.0, -1.0]), torch.ones(2, 2), off_policy=mode, **kw)
+    loss.backward()
+    return float(loss.detach()), metrics, logp.grad, rows
+
+
+def test_seq_mask_weighs_a_sequence_by_its_product_ratio_and_drops_it_past_the_cap():
+    # row 0: rho = e^(0.1 + 0.2) = 1.3499 <= 3, weight 1.3499; row 1: rho = e^1.2 = 3.32 > 3, dropped
+    loss, m, grad, _ = corrected([[0.1, 0.2], [0.6, 0.6]], "seq_mask", is_cap=3.0)
+    rho = math.exp(0.3)
+    assert loss == pytest.approx(-(2 * rho) / 4)
+    torch.testing.assert_close(grad, torch.tensor([[-rho / 4, -rho / 4], [0.0, 0.0]]))
+    assert m["train/masked_frac"] == 0.5 and m["train/is_truncated_frac"] == 0.0
+
+
+def test_geo_mask_keeps_only_sequences_whose_mean_ratio_is_near_one_and_gives_them_no_weight():
+    # row 0: exp(mean(0.005, 0.005)) = 1.005, kept; row 1: exp(mean(0, 0.05)) = 1.0253 > 1.01, dropped
+    loss, m, grad, _ = corrected([[0.005, 0.005], [0.0, 0.05]], "geo_mask", geo_low=0.99, geo_high=1.01)
+    assert loss == pytest.approx(-2 / 4)
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, -0.25], [0.0, 0.0]]))
+    assert m["train/masked_frac"] == 0.5
+    _, m_low, _, _ = corrected([[-0.005, -0.005], [-0.05, 0.0]], "geo_mask")  # two-sided: 0.975 < 0.99 dropped
+    assert m_low["train/masked_frac"] == 0.5
+
+
+def test_decoupled_weighs_each_token_by_its_behaviour_ratio_and_masks_those_past_the_cap():
+    # w = [[2, 4], [1, 0.5]]; C = 3 masks (0, 1); obj = w * A at r = pi / pi_prox = 1
+    log_w = [[math.log(2), math.log(4)], [0.0, math.log(0.5)]]
+    loss, m, grad, _ = corrected(log_w, "decoupled", is_cap=3.0)
+    assert loss == pytest.approx(-(2 + 0 - 1 - 0.5) / 4)
+    torch.testing.assert_close(grad, torch.tensor([[-0.5, 0.0], [0.25, 0.125]]))
+    assert m["train/masked_frac"] == 0.25
+
+
+def test_decoupled_clips_around_the_proximal_policy_not_the_behaviour_one():
+    # a far-off token (w = 2) with A > 0: token_tis clips it (no gradient), decoupled keeps the gradient, weighted
+    _, m_tis, grad_tis, _ = corrected([[math.log(2), 0.0], [0.0, 0.0]], "token_tis")
+    _, m_dec, grad_dec, _ = corrected([[math.log(2), 0.0], [0.0, 0.0]], "decoupled")
+    assert grad_tis[0, 0] == 0.0 and m_tis["train/clipfrac"] == 0.25
+    assert grad_dec[0, 0] == pytest.approx(-2 / 4) and m_dec["train/clipfrac"] == 0.0
+
+
+def test_token_tis_is_the_default_and_counts_dual_clip_truncation():
+    # row 1 has A = -1 and w = e^2 = 7.39 > C = 3 on its first token: truncated to C * A (no gradient)
+    loss, m, grad, _ = corrected([[0.0, 0.0], [2.0, 0.0]], "token_tis", is_cap=3.0)
+    assert loss == pytest.approx(-(1 + 1 - 3 - 1) / 4)
+    assert grad[1, 0] == 0.0 and grad[1, 1] == pytest.approx(0.25)
+    assert m["train/is_truncated_frac"] == 0.25 and m["train/masked_frac"] == 0.0
+
+
+def test_per_row_sums_give_the_weights_ess_and_kl():
+    _, m, _, rows = corrected([[0.0, math.log(3)], [0.0, 0.0]], "token_tis")
+    torch.testing.assert_close(rows["w"], torch.tensor([4.0, 2.0]))
+    torch.testing.assert_close(rows["w_sq"], torch.tensor([10.0, 2.0]))
+    assert m["train/is_weight_mean"] == pytest.approx(6 / 4) and m["train/is_weight_sq_mean"] == pytest.approx(12 / 4)
+    kl_token = 1 / 3 + math.log(3) - 1  # exp(-log w) + log w - 1
+    assert rows["kl_behaviour"][0] == pytest.approx(kl_token) and rows["kl_behaviour"][1] == 0.0

@@ -109,3 +109,21 @@ def test_the_head_in_chunks_gives_the_same_log_probs_and_gradients(tiny_model_di
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     for x, y in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):
+    """Trained at version 5, groups of versions 5 and 2 land in buckets 0 and 3 with their own token counts."""
+    tr = make_trainer(tiny_model_dir)
+    prompt = [5, 6]
+
+    def group(pid, version, completion):
+        lp = logp_of(tr, prompt, completion).tolist()
+        samples = [Sample(prompt_id=pid, sample_idx=i, completion_token_ids=completion, logprobs=lp) for i in range(2)]
+        return Group(pid, version, prompt, samples, [1.0, 0.0], "w")
+
+    m = tr.step([group(0, 5, [20, 21]), group(1, 2, [30, 31, 32])], version=5)
+    buckets = m["offpolicy/by_staleness"]
+    assert set(buckets) == {"0", "3"}
+    assert buckets["0"]["tokens"] == 4 and buckets["3"]["tokens"] == 6
+    assert buckets["3"]["is_ess"] == pytest.approx(1.0, abs=1e-4)  # log-probs from this very policy: w = 1
+    assert m["train/is_ess"] == pytest.approx(1.0, abs=1e-4) and m["train/masked_frac"] == 0.0

@@ -170,6 +170,11 @@ class Coordinator:
         with self.lock:
             self.dispatcher.expire()
 
+    def set_lease_staleness(self, staleness: int) -> None:
+        """The S new leases are sized with (the divergence guard lowers it); admission keeps the configured S."""
+        with self.lock:
+            self.leases.S = staleness
+
     def set_step_time(self, seconds: float) -> None:
         """The learner's wall seconds per step (waiting included): how long a group stays admissible."""
         with self.lock:

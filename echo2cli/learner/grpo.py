@@ -1,26 +1,52 @@
-"""GRPO advantages and the clipped, importance-corrected policy loss. Pure torch, no I/O.
+"""GRPO advantages and the policy loss with its off-policy correction. Pure torch, no I/O.
 
 Advantages (Shao et al. 2024, DeepSeekMath): for a group of G samples of one prompt with rewards r,
     A_i = (r_i - mean(r)) / (std(r) + eps)          # population std; a group with equal rewards has A = 0
 
-Loss, per completion token, against the *behaviour* policy mu that generated the token on a worker:
-    w   = pi_theta(a|s) / mu(a|s)                    # one importance weight covers both staleness
-                                                     # (mu is up to S versions old) and the mismatch
-                                                     # between the vLLM engine and the trainer
-    obj = min(w A, clip(w, 1 - eps, 1 + eps) A)      # PPO clipping (Schulman et al. 2017)
-    obj = max(obj, C A)  where A < 0                 # dual clip (Ye et al. 2020): truncates the
-                                                     # weight at C, so a token that became much more
-                                                     # likely since it was sampled cannot blow up
-    loss = -sum(obj * mask) / sum(mask)  (+ kl_coef * k3(pi_theta, pi_ref))
-Token-level averaging (DAPO, Yu et al. 2025) weighs long and short completions by their tokens.
+Each completion token was sampled by a *behaviour* policy mu: a worker's vLLM engine running a version up to
+S steps old. The learner takes one optimizer step per batch, so the policy before the step (the "old" or
+proximal policy of PPO) is the one being trained, pi_theta, and
+    w = pi_theta(a|s) / mu(a|s)                      # one ratio covers staleness and engine-vs-trainer mismatch
+is the only off-policy ratio. Below, sg() stops the gradient and r = pi_theta / sg(pi_theta) (value 1,
+gradient grad log pi_theta). `off_policy` picks how w corrects the objective, per token:
 
-The learner takes one optimizer step per batch, so this is the only correction needed between the
-policy that sampled and the one being updated.
+- token_tis (default): PPO clip on w (Schulman et al. 2017) and dual clip (Ye et al. 2020), which truncates
+  the weight at C for negative advantages:
+      obj = max(min(w A, clip(w, 1-eps, 1+eps) A), C A)  where A < 0, else min(w A, clip(w, 1-eps, 1+eps) A)
+- seq_mask: sequence-level importance weight, dropped when too large (TRL GRPOTrainer,
+  vllm_importance_sampling_mode="sequence_mask", clip_max 3.0):
+      rho = exp(sum_t log w_t);  obj = sg(rho) * min(r A, clip(r) A),  0 for the whole sequence if rho > C
+- geo_mask: geometric-mean sequence rejection (SkyRL `geo_mask`, bounds 0.99 / 1.01; verl's geometric
+  rollout rejection sampling): no weight, a sequence is dropped unless its per-token mean ratio is near 1:
+      rho_geo = exp(mean_t log w_t);  obj = min(r A, clip(r) A) if geo_low <= rho_geo <= geo_high, else 0
+- decoupled: AReaL's decoupled PPO (Fu et al. 2025, arXiv 2505.24298) with proximal policy pi_prox =
+  sg(pi_theta): the behaviour weight pi_prox / mu scales a PPO term clipped around pi_prox, and a token
+  whose weight exceeds C is masked (AReaL's behav_imp_weight_cap):
+      obj = sg(w) * min(r A, clip(r) A),  0 where sg(w) > C
+
+    loss = -sum(obj * mask) / sum(mask)  (+ kl_coef * k3(pi_theta, pi_ref))
+Token-level averaging (DAPO, Yu et al. 2025) weighs long and short completions by their tokens; a dropped
+token still counts in the denominator (as in TRL and AReaL), so dropping shrinks the step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
+
+OFF_POLICY_MODES = ("token_tis", "seq_mask", "geo_mask", "decoupled")
+
+
+class Objective(NamedTuple):
+    """Per token, [N, T]: the objective to maximise, and where the PPO clip changed it, where the dual clip
+    truncated the weight, where the correction dropped the token."""
+
+    obj: torch.Tensor
+    clipped: torch.Tensor
+    truncated: torch.Tensor
+    dropped: torch.Tensor
 
 
 def compute_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -28,6 +54,61 @@ def compute_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, correction=0)
     return (rewards - mean) / (std + eps)
+
+
+def _ppo(ratio: torch.Tensor, adv: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """min(ratio A, clip(ratio, 1 - eps, 1 + eps) A) and where the clip won."""
+    unclipped = ratio * adv
+    obj = torch.minimum(unclipped, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    return obj, obj.detach() != unclipped.detach()
+
+
+def token_tis(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """PPO clip on w and dual clip at C (Ye et al. 2020): a token that became much more likely since it was
+    sampled cannot blow up a negative advantage's weight."""
+    obj, clipped = _ppo(torch.exp(log_w), adv, p["clip_eps"])
+    truncated = (adv < 0) & (obj < p["is_cap"] * adv)
+    none = torch.zeros_like(clipped)
+    return Objective(torch.where(truncated, p["is_cap"] * adv, obj), clipped | truncated, truncated, none)
+
+
+def _proximal(log_w: torch.Tensor, adv: torch.Tensor, p: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PPO term around pi_prox = sg(pi_theta): log r = log pi_theta - sg(log pi_theta) = log_w - sg(log_w)."""
+    return _ppo(torch.exp(log_w - log_w.detach()), adv, p["clip_eps"])
+
+
+def seq_mask(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """TRL's sequence_mask: rho = exp(sum of the sequence's log w), a constant weight; 0 where rho > C."""
+    obj, clipped = _proximal(log_w, adv, p)
+    log_rho = (log_w.detach() * mask).sum(dim=1, keepdim=True)
+    dropped = (log_rho > torch.log(torch.tensor(p["is_cap"]))).expand_as(obj)
+    weight = torch.where(dropped, 0.0, torch.exp(log_rho.clamp(max=20.0)))
+    return Objective(obj * weight, clipped, torch.zeros_like(clipped), dropped)
+
+
+def geo_mask(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """SkyRL's geo_mask: drop a sequence unless exp(mean of its log w) lies in [geo_low, geo_high]; no weight."""
+    obj, clipped = _proximal(log_w, adv, p)
+    mean = (log_w.detach() * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    rho = torch.exp(mean.clamp(-20.0, 20.0))
+    dropped = ((rho < p["geo_low"]) | (rho > p["geo_high"])).expand_as(obj)
+    return Objective(torch.where(dropped, 0.0, obj), clipped, torch.zeros_like(clipped), dropped)
+
+
+def decoupled(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """AReaL's decoupled PPO: sg(w) * PPO term around pi_prox; tokens with sg(w) > C masked."""
+    obj, clipped = _proximal(log_w, adv, p)
+    w = torch.exp(log_w.detach())
+    dropped = w > p["is_cap"]
+    return Objective(torch.where(dropped, 0.0, w * obj), clipped, torch.zeros_like(clipped), dropped)
+
+
+CORRECTIONS: dict[str, Callable[..., Objective]] = {
+    "token_tis": token_tis,
+    "seq_mask": seq_mask,
+    "geo_mask": geo_mask,
+    "decoupled": decoupled,
+}
 
 
 def grpo_loss(
@@ -40,18 +121,20 @@ def grpo_loss(
     is_cap: float = 3.0,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """logp, behaviour_logp, mask, ref_logp: [N, T]; advantages: [N]. Returns (loss, metrics)."""
+    off_policy: str = "token_tis",
+    geo_low: float = 0.99,
+    geo_high: float = 1.01,
+) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+    """logp, behaviour_logp, mask, ref_logp: [N, T]; advantages: [N]. Returns (loss, metrics, per-row sums):
+    metrics are means over the completion tokens; the per-row sums ([N] each: tokens, KL, w, w^2, clipped and
+    dropped tokens) let the caller total any grouping of rows, such as by staleness."""
     mask = mask.to(logp.dtype)
     n_tokens = mask.sum().clamp(min=1.0)
     log_w = logp - behaviour_logp
-    w = torch.exp(log_w)
     adv = advantages[:, None].to(logp.dtype)
-    unclipped = w * adv
-    obj = torch.minimum(unclipped, torch.clamp(w, 1 - clip_eps, 1 + clip_eps) * adv)
-    truncated = (adv < 0) & (obj < is_cap * adv)
-    obj = torch.where(truncated, is_cap * adv, obj)
-    per_token = -obj
+    params = {"clip_eps": clip_eps, "is_cap": is_cap, "geo_low": geo_low, "geo_high": geo_high}
+    out = CORRECTIONS[off_policy](log_w, adv, mask, params)
+    per_token = -out.obj
     kl = torch.zeros((), dtype=logp.dtype)
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
@@ -59,21 +142,34 @@ def grpo_loss(
         per_token = per_token + kl_coef * k3
         kl = (k3 * mask).sum() / n_tokens
     loss = (per_token * mask).sum() / n_tokens
-
-    def masked_mean(x: torch.Tensor) -> float:
-        return float((x.to(logp.dtype) * mask).sum() / n_tokens)
-
     with torch.no_grad():
+        lw = log_w.detach()
+        w = torch.exp(lw)
+
+        def per_row(x: torch.Tensor) -> torch.Tensor:
+            return (x.to(logp.dtype) * mask).sum(dim=1)
+
+        rows = {
+            "tokens": mask.sum(dim=1),
+            "kl_behaviour": per_row(torch.exp(-lw) + lw - 1),  # >= 0, 0 iff pi_theta = mu on the token
+            "w": per_row(w),
+            "w_sq": per_row(w * w),
+            "clipped": per_row(out.clipped),
+            "truncated": per_row(out.truncated),
+            "dropped": per_row(out.dropped),
+        }
         metrics = {
             "train/loss": float(loss),
-            "train/clipfrac": masked_mean(obj.detach() != unclipped.detach()),
-            "train/is_weight_mean": masked_mean(w.detach()),
-            "train/is_weight_max": float(torch.where(mask > 0, w.detach(), 0).max()),
-            "train/is_truncated_frac": masked_mean(truncated),
-            "train/kl_behaviour": masked_mean(torch.exp(-log_w.detach()) + log_w.detach() - 1),
+            "train/clipfrac": float(rows["clipped"].sum() / n_tokens),
+            "train/is_weight_mean": float(rows["w"].sum() / n_tokens),
+            "train/is_weight_sq_mean": float(rows["w_sq"].sum() / n_tokens),
+            "train/is_weight_max": float(torch.where(mask > 0, w, 0).max()),
+            "train/is_truncated_frac": float(rows["truncated"].sum() / n_tokens),
+            "train/masked_frac": float(rows["dropped"].sum() / n_tokens),
+            "train/kl_behaviour": float(rows["kl_behaviour"].sum() / n_tokens),
             "train/kl_ref": float(kl),
         }
-    return loss, metrics
+    return loss, metrics, rows
 
 
 def worst_tokens(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, k: int = 3) -> list[tuple]:

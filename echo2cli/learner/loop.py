@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator
+from echo2cli.learner.divergence import DivergenceGuard, Thresholds
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.records import Bubble, StepLog, batch_metrics, bcast_metrics, delta_metrics, usd_per_hour
@@ -116,6 +118,9 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         temperature=cfg.temperature,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         activation_checkpointing=cfg.activation_checkpointing,
+        off_policy=cfg.off_policy,
+        geo_low=cfg.geo_low,
+        geo_high=cfg.geo_high,
     )
 
 
@@ -166,6 +171,8 @@ class Learner:
         )
         self.log = self._close_later(StepLog(self.out, self.start_step))
         self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
+        limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
+        self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
         self.evals = self._close_later(PeriodicEval(cfg, self.model_dir, self.out))
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.upload_ratio: dict[int, float] = {}
@@ -240,7 +247,7 @@ class Learner:
             record: dict[str, Any] = {
                 "step": t,
                 **batch_metrics(groups, t, self.cfg.max_new_tokens),
-                **self.trainer.step(groups),
+                **self.trainer.step(groups, t),
             }
             version = t + 1
             t_publish = self._publish(version)
@@ -308,9 +315,22 @@ class Learner:
                 **self.evals.poll(),
             }
         )
+        self._check_health(record)
         self.activation.observe_step(record["learner/t_busy_s"])
         self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
         self.log.write(record, self.trainer.outliers)
+
+    def _check_health(self, record: dict[str, Any]) -> None:
+        """The divergence guard's verdict on this step: a warning on stderr and a line of decisions.jsonl when it
+        flags the step, and the lease book's S when it changes it."""
+        decision = self.guard.observe(record["step"], record)
+        record["guard/staleness_effective"] = self.guard.effective
+        if decision is None:
+            return
+        self.coord.set_lease_staleness(self.guard.effective)
+        self.activation.log.write(decision)
+        change = f"; leases now sized with S = {decision['effective_to']}" if decision["action"] != "warn" else ""
+        print(f"echo2 learner: step {record['step']}: {'; '.join(decision['reasons'])}{change}", file=sys.stderr)
 
     def _finish(self, stopped_at: int | None) -> Path:
         """The final checkpoint. A run that reached its last step tells workers it finished and lingers until they

@@ -131,9 +131,9 @@ class ShardedTrainer(Trainer):
             self._tell(STOP)
         dist.destroy_process_group()
 
-    def step(self, groups: list) -> dict[str, float]:
-        self._tell("step", groups)
-        return super().step(groups)
+    def step(self, groups: list, version: int | None = None) -> dict[str, Any]:
+        self._tell("step", groups, version)
+        return super().step(groups, version)
 
     def export_weights(self, path: Path) -> None:
         self._tell("export_weights", path)

@@ -51,6 +51,46 @@ def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
     }
 
 
+LAG_PREFIX = "offpolicy_sum/"  # raw per-staleness sums inside a step's metrics until `split_by_lag`
+
+
+def add_by_lag(sums: dict[str, float], rows: dict[str, torch.Tensor], lags: list[int]) -> None:
+    """Add a micro-batch's per-row sums (`grpo_loss`) into `sums` under LAG_PREFIX<lag>/<name>."""
+    for name, values in rows.items():
+        for lag, v in zip(lags, values.tolist(), strict=True):
+            key = f"{LAG_PREFIX}{lag}/{name}"
+            sums[key] = sums.get(key, 0.0) + v
+
+
+def split_by_lag(sums: dict[str, float]) -> dict[str, Any]:
+    """The raw per-staleness sums turned into `offpolicy/by_staleness` ({lag: means over its tokens}) and
+    `train/is_ess`, the normalised effective sample size of the batch's importance weights,
+    (sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2): 1 when every weight is equal, 1/n when one token has all."""
+    raw: dict[str, dict[str, float]] = {}
+    out: dict[str, Any] = {}
+    for key, v in sums.items():
+        if key.startswith(LAG_PREFIX):
+            lag, name = key[len(LAG_PREFIX) :].split("/")
+            raw.setdefault(lag, {})[name] = v
+        else:
+            out[key] = v
+    by_lag = {}
+    for lag, r in sorted(raw.items(), key=lambda kv: int(kv[0])):
+        n = max(r["tokens"], 1.0)
+        by_lag[lag] = {
+            "tokens": r["tokens"],
+            "kl_behaviour": r["kl_behaviour"] / n,
+            "is_ess": r["w"] ** 2 / max(r["tokens"] * r["w_sq"], 1e-30),
+            "clipfrac": r["clipped"] / n,
+            "truncated_frac": r["truncated"] / n,
+            "masked_frac": r["dropped"] / n,
+        }
+    out["offpolicy/by_staleness"] = by_lag
+    if "train/is_weight_sq_mean" in out:
+        out["train/is_ess"] = out["train/is_weight_mean"] ** 2 / max(out["train/is_weight_sq_mean"], 1e-30)
+    return out
+
+
 LOGIT_CHUNK = 2048  # completion positions whose vocabulary logits exist at once (long completions)
 
 
@@ -110,13 +150,17 @@ class Trainer:
         temperature: float = 1.0,
         max_tokens_per_micro_batch: int = 0,
         activation_checkpointing: bool = False,
+        off_policy: str = "token_tis",
+        geo_low: float = 0.99,
+        geo_high: float = 1.01,
         device: torch.device | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
         ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
         A micro-batch holds at most `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most
         that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
-        backward pass instead of keeping them: less memory for long sequences, more compute."""
+        backward pass instead of keeping them: less memory for long sequences, more compute. `off_policy`,
+        `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`)."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError
@@ -136,6 +180,7 @@ class Trainer:
             self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
+        self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.autocast = _autocast_ok(self.device)
@@ -171,12 +216,15 @@ class Trainer:
         dev = self.device
         return ids.to(dev), attn.to(dev), mask.to(dev), behaviour.to(dev)
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[Group], version: int | None = None) -> dict[str, Any]:
+        """One optimizer step on the batch. `version`: the policy version being trained, so the off-policy
+        health can be told per staleness bucket (version - group version); without it all is bucket 0."""
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
         rows = [(g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples]
         origin = [(g, s) for g in groups for s in g.samples]
+        lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
         total_tokens = sum(len(c) for _, c, _ in rows)
         lengths = [len(p) + len(c) for p, c, _ in rows]
         chunks = micro_batches(self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch)
@@ -187,10 +235,11 @@ class Trainer:
             part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
             if chunk:
                 self._add_metrics(sums, part)
+                add_by_lag(sums, part.pop("rows"), [lags[i] for i in chunk])
                 for row, pos, log_w in part.pop("outliers"):
                     group, sample = origin[chunk[int(row)]]
                     outliers.append(_outlier(group, sample, pos, log_w))
-        sums = self._reduce_metrics(sums)
+        sums = split_by_lag(self._reduce_metrics(sums))
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
         grad_norm = self._clip_grad_norm()
         self.opt.step()
@@ -216,7 +265,7 @@ class Trainer:
         if self.ref is not None:
             with torch.no_grad():
                 ref_logp = self._token_logp(self.ref, ids, attn, mask)
-        loss, metrics = grpo_loss(
+        loss, metrics, per_row = grpo_loss(
             logp,
             behaviour,
             advantages[chunk].to(self.device),
@@ -225,10 +274,14 @@ class Trainer:
             is_cap=self.is_cap,
             ref_logp=ref_logp,
             kl_coef=self.kl_coef,
+            off_policy=self.off_policy,
+            geo_low=self.geo_low,
+            geo_high=self.geo_high,
         )
         share = float(mask.sum()) / max(total_tokens, 1)
         (loss * (share * weight * self._loss_scale())).backward()
-        return {"share": share, "metrics": metrics, "outliers": worst_tokens(logp, behaviour, mask)}
+        outliers = worst_tokens(logp, behaviour, mask)
+        return {"share": share, "metrics": metrics, "outliers": outliers, "rows": per_row}
 
     @staticmethod
     def _add_metrics(sums: dict[str, float], part: dict[str, Any]) -> None:

@@ -1,0 +1,246 @@
+"""`echo2 bench staleness`: what the staleness bound S costs in quality and buys in time, measured on real runs.
+
+One run per setting (S, off-policy correction, adaptive or not) and seed: a learner and W workers as
+processes, exactly as `echo2 demo` starts them, then `echo2 eval --run` on the held-out split. S = 0 is the
+synchronous baseline: the fleet generates one batch per version and the learner waits for it.
+
+Cores are split as hosts would be: the learner runs on core 0 with one torch thread, the workers on the other
+cores (one engine per core, round robin). Every part the demo lets fight over both cores then has its own, so
+the wall-clock difference between S = 0 and S > 0 is the overlap ECHO-2 is about (training one version while
+the fleet generates with older ones) and not a change in how the box is shared.
+
+Each row (JSON) holds the reward against step and against wall time, the final held-out greedy accuracy and
+pass@k, and the off-policy health of every step: behaviour KL, importance-weight ESS, clip and truncation
+fractions, overall and by staleness bucket, and the divergence guard's decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from echo2cli.config import BenchStalenessConfig
+from echo2cli.errors import ConfigError, Echo2Error
+from echo2cli.launch import flags, spawn, stop, wait_for_learner
+from echo2cli.metrics import read_metrics
+from echo2cli.models import prepare_default_model
+
+HEALTH = ("train/kl_behaviour", "train/is_ess", "train/clipfrac", "train/is_truncated_frac", "train/masked_frac")
+
+
+def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
+    """Every (S, correction, seed) the config asks for, in run order (seeds innermost)."""
+    from echo2cli.learner.grpo import OFF_POLICY_MODES
+
+    try:
+        bounds = [int(s) for s in cfg.staleness.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--staleness takes comma-separated integers, got {cfg.staleness!r}") from exc
+    modes = [m.strip() for m in cfg.off_policy.split(",")]
+    if bad := [m for m in modes if m not in OFF_POLICY_MODES]:
+        raise ConfigError(f"unknown --off-policy {bad[0]!r}: choose from {', '.join(OFF_POLICY_MODES)}")
+    if any(s < 0 for s in bounds):
+        raise ConfigError("--staleness values must be >= 0")
+    return [
+        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "seed": seed}
+        for s in bounds
+        for m in modes
+        for seed in range(cfg.seeds)
+    ]
+
+
+def run_name(setting: dict[str, Any]) -> str:
+    adaptive = "-adaptive" if setting["adaptive"] else ""
+    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}-seed{setting['seed']}"
+
+
+def _pin(core: int) -> list[str]:
+    return ["taskset", "-c", str(core)] if (os.cpu_count() or 1) > 1 else []
+
+
+def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> float:
+    """One learner and its workers until the learner finishes; the run's wall seconds."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    learner_args = flags(
+        out=out,
+        steps=cfg.steps,
+        port=0,
+        host="127.0.0.1",
+        bt_listen="127.0.0.1:0",
+        prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        staleness=setting["staleness"],
+        kappa=1,
+        lr=cfg.lr,
+        seed=setting["seed"],
+        off_policy=setting["off_policy"],
+        adaptive_staleness=setting["adaptive"],
+        torch_threads=1,
+        checkpoint_every=0,
+        quiet=True,
+    )
+    procs: list[subprocess.Popen] = []
+    t0 = time.time()
+    try:
+        procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log", prefix=_pin(0)))
+        url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
+        cores = max(1, (os.cpu_count() or 1) - 1)
+        for i in range(cfg.workers):
+            core = 1 + i % cores if (os.cpu_count() or 1) > 1 else 0
+            args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
+            env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+            procs.append(spawn(["worker", *args], out / "logs" / f"worker{i}.log", env=env, prefix=_pin(core)))
+        if procs[0].wait() != 0:
+            raise Echo2Error(f"learner exited with code {procs[0].returncode}: see {out}/logs/learner.log")
+        return time.time() - t0
+    finally:
+        stop(procs)
+
+
+def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
+    """`echo2 eval --run OUT --json` on the final checkpoint, in its own process (its own vLLM engine)."""
+    argv = ["eval", *flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k), "--json"]
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "echo2cli", *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Echo2Error(f"eval of {out} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
+
+
+def row_of(setting: dict[str, Any], out: Path, wall_s: float, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """One run's JSON row, from its metrics.jsonl and decisions.jsonl."""
+    steps = read_metrics(out / "metrics.jsonl")
+    decisions = [d for d in read_metrics(out / "decisions.jsonl") if d.get("kind") == "staleness"]
+    return {
+        **setting,
+        "name": run_name(setting),
+        "steps": len(steps),
+        "wall_s": wall_s,
+        "train_s": steps[-1]["time_s"] if steps else None,
+        "reward": [s["rollout/reward_mean"] for s in steps],
+        "time_s": [s["time_s"] for s in steps],
+        "staleness_mean": [s["rollout/staleness_mean"] for s in steps],
+        "health": {k: [s.get(k) for s in steps] for k in HEALTH},
+        "health_by_staleness": bucket_means(steps),
+        "guard": decisions,
+        "first_flag_step": next((d["step"] for d in decisions), None),
+        **{f"eval_{k}": v for k, v in evaluation.items()},
+    }
+
+
+def bucket_means(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Token-weighted means over the run of each staleness bucket's health measures."""
+    sums: dict[str, dict[str, float]] = {}
+    for s in steps:
+        for lag, m in (s.get("offpolicy/by_staleness") or {}).items():
+            acc = sums.setdefault(lag, {})
+            n = m["tokens"]
+            acc["tokens"] = acc.get("tokens", 0.0) + n
+            for k, v in m.items():
+                if k != "tokens":
+                    acc[k] = acc.get(k, 0.0) + v * n
+    return {
+        lag: {"tokens": acc["tokens"], **{k: v / acc["tokens"] for k, v in acc.items() if k != "tokens"}}
+        for lag, acc in sorted(sums.items(), key=lambda kv: int(kv[0]))
+    }
+
+
+def run_bench(cfg: BenchStalenessConfig, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Every setting in turn; rows are appended to OUT/rows.jsonl as they finish (a rerun skips finished ones)."""
+    prepare_default_model()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    done = {r["name"]: r for r in read_metrics(cfg.out_dir / "rows.jsonl")}
+    rows = []
+    for setting in settings(cfg):
+        name = run_name(setting)
+        if name in done:
+            rows.append(done[name])
+            continue
+        out = cfg.out_dir / name
+        wall = train(cfg, setting, out)
+        row = row_of(setting, out, wall, evaluate_run(cfg, out))
+        with open(cfg.out_dir / "rows.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        _prune(out)
+        rows.append(row)
+        on_row(row)
+    return rows
+
+
+def _prune(out: Path) -> None:
+    """Keep metrics, decisions and logs; the versions, worker copies and checkpoints are ~1 GB a run."""
+    import shutil
+
+    for name in ("versions", "workers", "checkpoints"):
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per setting: mean and spread over seeds of final accuracy, and wall time against S = 0 of the same
+    correction (speed-up = S = 0's mean train time / this setting's)."""
+    keyed: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"]), []).append(r)
+    base = {k[1]: statistics.mean(r["train_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
+    out = []
+    for (s, mode, adaptive), runs in sorted(keyed.items()):
+        acc = [r["eval_greedy_accuracy"] for r in runs]
+        train_s = statistics.mean(r["train_s"] for r in runs)
+        out.append(
+            {
+                "staleness": s,
+                "off_policy": mode,
+                "adaptive": adaptive,
+                "seeds": len(runs),
+                "greedy_accuracy": statistics.mean(acc),
+                "greedy_accuracy_min": min(acc),
+                "greedy_accuracy_max": max(acc),
+                "pass_at_k": statistics.mean(r["eval_pass_at_k"] for r in runs),
+                "reward_last3": statistics.mean(statistics.mean(r["reward"][-3:]) for r in runs),
+                "train_s": train_s,
+                "speedup_vs_sync": base[mode] / train_s if mode in base else None,
+                "flagged_runs": sum(r["first_flag_step"] is not None for r in runs),
+            }
+        )
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Reward against step and against wall time, one line per setting (mean of seeds), seeds as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    keyed: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        keyed.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(r)
+    for label, runs in sorted(keyed.items()):
+        n = min(len(r["reward"]) for r in runs)
+        reward = np.array([r["reward"][:n] for r in runs])
+        time_s = np.array([r["time_s"][:n] for r in runs]).mean(axis=0)
+        steps = np.arange(1, n + 1)
+        for ax, x in ((axes[0], steps), (axes[1], time_s)):
+            (line,) = ax.plot(x, reward.mean(axis=0), label=label)
+            if len(runs) > 1:
+                ax.fill_between(x, reward.min(axis=0), reward.max(axis=0), color=line.get_color(), alpha=0.2)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("wall time, s")
+    for ax in axes:
+        ax.set_ylabel("sampled reward (batch mean)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
