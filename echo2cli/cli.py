@@ -380,7 +380,7 @@ def bench_staleness(
         print(json.dumps({"settings": table_rows, "runs": rows}))
         return
     table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
-    for col in ("S", "correction", "adaptive", "seeds", "greedy acc (min-max)", "pass@k", "train s", "vs S=0"):
+    for col in ("S", "correction", "adaptive", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s", "vs S=0"):
         table.add_column(col, justify="right")
     for r in table_rows:
         speed = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
@@ -389,9 +389,9 @@ def bench_staleness(
             r["off_policy"],
             "yes" if r["adaptive"] else "no",
             str(r["seeds"]),
-            f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.3f}-{r['greedy_accuracy_max']:.3f})",
+            f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.2f}-{r['greedy_accuracy_max']:.2f})",
             f"{r['pass_at_k']:.3f}",
-            f"{r['train_s']:.0f}",
+            f"{r['steady_s']:.0f}",
             speed,
         )
     Console().print(table)
