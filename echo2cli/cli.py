@@ -372,7 +372,7 @@ def bench_staleness(
         )
 
     cfg = load_config(BenchStalenessConfig, config, given, "bench")
-    rows = run_bench(cfg, on_row=progress)
+    rows = run_bench(cfg, on_row=progress, on_start=lambda line: console.print(line, soft_wrap=True, highlight=False))
     if plot is not None:
         plot_rows(rows, plot)
     table_rows = summary(rows)

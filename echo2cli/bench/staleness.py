@@ -157,18 +157,25 @@ def bucket_means(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     }
 
 
-def run_bench(cfg: BenchStalenessConfig, on_row: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Every setting in turn; rows are appended to OUT/rows.jsonl as they finish (a rerun skips finished ones)."""
+def run_bench(
+    cfg: BenchStalenessConfig,
+    on_row: Callable[[dict[str, Any]], None],
+    on_start: Callable[[str], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """Every setting in turn; rows are appended to OUT/rows.jsonl as they finish (a rerun skips finished ones).
+    `on_start(line)` says which run starts, `on_row(row)` what one gave."""
     prepare_default_model()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     done = {r["name"]: r for r in read_metrics(cfg.out_dir / "rows.jsonl")}
     rows = []
-    for setting in settings(cfg):
+    todo = settings(cfg)
+    for i, setting in enumerate(todo, 1):
         name = run_name(setting)
         if name in done:
             rows.append(done[name])
             continue
         out = cfg.out_dir / name
+        on_start(f"[{i}/{len(todo)}] {name}: training {cfg.steps} steps, then eval (logs in {out / 'logs'})")
         wall = train(cfg, setting, out)
         row = row_of(setting, out, wall, evaluate_run(cfg, out))
         with open(cfg.out_dir / "rows.jsonl", "a") as f:

@@ -67,6 +67,9 @@ def run(tmp_path_factory):
             "t0k3n",
             "--eval-every",
             "2",
+            "--adaptive-staleness",  # with a KL bound no real step meets: every step is flagged
+            "--guard-kl-max",
+            "1e-9",
             "--quiet",
         ],
         out / "learner.log",
@@ -165,3 +168,18 @@ def test_the_learner_evaluates_every_second_version_beside_training(run):
     assert json.loads((run / "eval" / "v000002.json").read_text())["problems"] == 10
     assert not any("eval/failed" in r for r in read_metrics(run / "metrics.jsonl"))
     assert {"reward/correct", "reward/format", "reward/errors_total"} <= read_metrics(run / "metrics.jsonl")[-1].keys()
+
+
+def test_the_divergence_guard_flags_each_step_and_sizes_leases_with_a_lower_s(run):
+    guard = [d for d in read_metrics(run / "decisions.jsonl") if d.get("kind") == "staleness"]
+    assert [d["step"] for d in guard] == list(range(STEPS))
+    assert (guard[0]["action"], guard[0]["effective_from"], guard[0]["effective_to"]) == ("lower", S, 0)
+    assert all(d["action"] == "warn" and d["effective_to"] == 0 for d in guard[1:])  # never healthy: stays at 0
+    assert "behaviour KL" in guard[0]["reasons"][0]
+    assert "leases now sized with S = 0" in (run / "learner.log").read_text()
+    for r in read_metrics(run / "metrics.jsonl"):
+        assert r["guard/staleness_effective"] == 0
+        buckets = r["offpolicy/by_staleness"]
+        assert set(buckets) <= set(r["rollout/staleness_hist"])
+        assert sum(b["tokens"] for b in buckets.values()) == r["train/tokens"]
+        assert 0 < r["train/is_ess"] <= 1 + 1e-6

@@ -1,0 +1,189 @@
+"""echo2 against Hugging Face TRL's GRPOTrainer on one machine, on the same GRPO problem.
+
+Both sides: the default model (SmolLM2-135M-Instruct), the arithmetic task's train prompts in the same order
+(seed 0) and its reward function, B = 4 prompts x G = 8 samples per step, 16-token completions at temperature
+1, AdamW with betas (0.9, 0.99) and no weight decay, PPO clip 0.2, no KL term, a token-level mean loss
+(TRL's `dapo`, echo2's DAPO mean), rewards scaled by the group's std, gradient norm clipped at 1, a constant
+learning rate, one optimizer step per batch, and the same number of steps. Then `echo2 eval` scores each final
+model on the same held-out problems.
+
+echo2's side is the default demo (`echo2 demo`: a learner and two local workers, S = 2, lr 5e-5). TRL's
+side is its GRPOTrainer as a user runs it on a CPU box: one process, generation with transformers'
+`generate` (TRL's vLLM modes need a GPU), synchronous. TRL is run at each learning rate of `--trl-lrs`
+(its own default is 1e-6) so that it is compared at its best, not at echo2's.
+
+    .venv/bin/pip install -e '.[bench]'         # TRL (not needed by echo2 itself)
+    .venv/bin/python scripts/bench_vs_trl.py --trl-lrs 1e-6,1e-5 --seeds 0,1 --out runs/vs-trl
+
+Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones); the table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
+
+
+def evaluate(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "echo2cli", "eval", *model_or_run, "--limit", str(limit), "--k", str(k), "--json"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
+
+
+def run_echo2(out: Path, seed: int, steps: int) -> dict[str, Any]:
+    """The default demo; wall time from its summary (learner start to the last step, workers included)."""
+    argv = [sys.executable, "-m", "echo2cli", "demo", "--out", str(out), "--steps", str(steps)]
+    env = {**os.environ, "ECHO2_SEED": str(seed)}  # the demo has no seed flag; its learner reads ECHO2_SEED
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+    summary = json.loads((out / "demo_summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"wall_s": summary["wall_s"], "reward": [r["rollout/reward_mean"] for r in rows]}
+
+
+def run_trl(out: Path, seed: int, lr: float, steps: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer with echo2's settings; wall time of `train()` (model load excluded)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from echo2cli.models import prepare_default_model
+    from echo2cli.tasks import load_task
+
+    model_dir = prepare_default_model()
+    task = load_task("arithmetic")
+    stream = task.prompts(seed, "train")
+    problems = [next(stream) for _ in range(steps * B)]
+    by_prompt = {p.prompt: p for p in problems}
+    data = Dataset.from_list([{"prompt": list(p.messages)} for p in problems])
+
+    def reward(prompts: list, completions: list, **_: Any) -> list[float]:
+        return [
+            task.score(by_prompt[p[-1]["content"]], c[0]["content"]).reward
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+
+    times: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            times.append(time.time())
+
+    args = GRPOConfig(
+        output_dir=str(out),
+        seed=seed,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=steps,
+        per_device_train_batch_size=B * G,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        max_completion_length=MAX_NEW_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        epsilon=0.2,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+    )
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[StepClock()],
+    )
+    t0 = time.time()
+    trainer.train()
+    wall = time.time() - t0
+    trainer.save_model(str(out / "final"))
+    tok.save_pretrained(out / "final")
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"wall_s": wall, "reward": rewards, "step_s": [b - a for a, b in zip([t0, *times], times, strict=False)]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/vs-trl"))
+    p.add_argument("--seeds", default="0,1", help="seeds for each side, comma-separated")
+    p.add_argument("--trl-lrs", default="1e-6,1e-5", help="TRL learning rates to run, comma-separated")
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--eval-limit", type=int, default=200)
+    p.add_argument("--eval-k", type=int, default=4)
+    p.add_argument("--skip-echo2", action="store_true")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows_path = a.out / "rows.jsonl"
+    done = {r["name"] for r in map(json.loads, rows_path.read_text().splitlines())} if rows_path.exists() else set()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    plan = [] if a.skip_echo2 else [("echo2", 5e-5, s) for s in seeds]
+    plan += [("trl", float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
+    for side, lr, seed in plan:
+        name = f"{side}-lr{lr:g}-seed{seed}"
+        if name in done:
+            continue
+        out = a.out / name
+        if side == "echo2":
+            res = run_echo2(out, seed, a.steps)
+            ev = evaluate(["--run", str(out)], a.eval_limit, a.eval_k)
+        else:
+            res = run_trl(out, seed, lr, a.steps)
+            ev = evaluate(
+                ["--model", str(out / "final"), "--max-new-tokens", str(MAX_NEW_TOKENS)], a.eval_limit, a.eval_k
+            )
+        row = {"name": name, "side": side, "lr": lr, "seed": seed, "steps": a.steps, **res, **ev}
+        with open(rows_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{name}: {row['wall_s']:.0f} s, held-out greedy {row['greedy_accuracy']:.3f}", flush=True)
+    report(rows_path)
+
+
+def report(rows_path: Path) -> None:
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    keyed: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        keyed.setdefault((r["side"], r["lr"]), []).append(r)
+    echo2 = [r["wall_s"] for r in rows if r["side"] == "echo2"]
+    head = "side | lr | seeds | wall s | s/step | reward first 3 -> last 3 | held-out greedy | pass@k | wall / echo2"
+    print(f"| {head} |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (side, lr), runs in sorted(keyed.items()):
+        wall = statistics.mean(r["wall_s"] for r in runs)
+        first = statistics.mean(statistics.mean(r["reward"][:3]) for r in runs)
+        last = statistics.mean(statistics.mean(r["reward"][-3:]) for r in runs)
+        acc = [r["greedy_accuracy"] for r in runs]
+        ratio = f"{wall / statistics.mean(echo2):.2f}x" if echo2 else "-"
+        print(
+            f"| {side} | {lr:g} | {len(runs)} | {wall:.0f} | {wall / runs[0]['steps']:.1f} | {first:.3f} -> {last:.3f} "
+            f"| {statistics.mean(acc):.3f} ({min(acc):.3f}-{max(acc):.3f}) "
+            f"| {statistics.mean(r['pass_at_k'] for r in runs):.3f} | {ratio} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

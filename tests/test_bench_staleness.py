@@ -1,0 +1,75 @@
+"""`echo2 bench staleness`: the settings it runs, and how rows become the summary (pure parts)."""
+
+import pytest
+
+from echo2cli.bench.staleness import bucket_means, run_name, settings, summary
+from echo2cli.config import BenchStalenessConfig
+from echo2cli.errors import ConfigError
+
+
+def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
+    cfg = BenchStalenessConfig(staleness="0,4", off_policy="token_tis,decoupled", seeds=2)
+    got = [run_name(s) for s in settings(cfg)]
+    assert got == [
+        "S0-token_tis-seed0",
+        "S0-token_tis-seed1",
+        "S0-decoupled-seed0",
+        "S0-decoupled-seed1",
+        "S4-token_tis-seed0",
+        "S4-token_tis-seed1",
+        "S4-decoupled-seed0",
+        "S4-decoupled-seed1",
+    ]
+    assert run_name(settings(BenchStalenessConfig(staleness="8", adaptive_staleness=True, seeds=1))[0]) == (
+        "S8-token_tis-adaptive-seed0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"staleness": "0,two"}, "comma-separated integers"),
+        ({"staleness": "0,-1"}, ">= 0"),
+        ({"off_policy": "token_tis,ppo"}, "unknown --off-policy 'ppo'"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(BenchStalenessConfig(**kwargs))
+
+
+def row(s, seed, acc, steady, mode="token_tis", flag=None):
+    return {
+        "staleness": s,
+        "off_policy": mode,
+        "adaptive": False,
+        "seed": seed,
+        "eval_greedy_accuracy": acc,
+        "eval_pass_at_k": acc,
+        "reward": [0.1, 0.2, 0.3, 0.4],
+        "train_s": steady + 20,
+        "steady_s": steady,
+        "first_flag_step": flag,
+    }
+
+
+def test_summary_averages_seeds_and_compares_wall_time_with_s0_of_the_same_correction():
+    rows = [row(0, 0, 0.6, 100), row(0, 1, 0.7, 120), row(4, 0, 0.5, 50, flag=3), row(4, 1, 0.7, 60)]
+    s0, s4 = summary(rows)
+    assert s0["greedy_accuracy"] == pytest.approx(0.65) and s0["speedup_vs_sync"] == pytest.approx(1.0)
+    assert (s4["greedy_accuracy_min"], s4["greedy_accuracy_max"]) == (0.5, 0.7)
+    assert s4["speedup_vs_sync"] == pytest.approx(110 / 55) and s4["flagged_runs"] == 1
+    assert s4["reward_last3"] == pytest.approx(0.3)
+    (alone,) = summary([row(8, 0, 0.5, 50, mode="geo_mask")])
+    assert alone["speedup_vs_sync"] is None  # no S = 0 run of geo_mask to compare with
+
+
+def test_bucket_means_weigh_each_step_by_its_tokens():
+    steps = [
+        {"offpolicy/by_staleness": {"0": {"tokens": 100, "is_ess": 1.0}, "2": {"tokens": 100, "is_ess": 0.8}}},
+        {"offpolicy/by_staleness": {"2": {"tokens": 300, "is_ess": 0.4}}},
+        {},  # a step line without the measure
+    ]
+    out = bucket_means(steps)
+    assert list(out) == ["0", "2"]
+    assert out["2"]["tokens"] == 400 and out["2"]["is_ess"] == pytest.approx((80 + 120) / 400)
