@@ -380,7 +380,9 @@ def bench_staleness(
         print(json.dumps({"settings": table_rows, "runs": rows}))
         return
     table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
-    for col in ("S", "correction", "adaptive", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s", "vs S=0"):
+    columns = ["S", "correction", "adaptive", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s", "vs S=0"]
+    columns.append("guard flagged")
+    for col in columns:
         table.add_column(col, justify="right")
     for r in table_rows:
         speed = "-" if r["speedup_vs_sync"] is None else f"{r['speedup_vs_sync']:.2f}x"
@@ -393,6 +395,7 @@ def bench_staleness(
             f"{r['pass_at_k']:.3f}",
             f"{r['steady_s']:.0f}",
             speed,
+            f"{r['flagged_runs']}/{r['seeds']}",
         )
     Console().print(table)
 

@@ -108,13 +108,17 @@ class LearnerConfig(_Config):
     adaptive_staleness: bool = Field(
         False,
         description="when the guard flags a step, halve the S new leases are sized with; raise it by one after "
-        "3 healthy steps (the configured S stays the admission bound)",
+        "3 healthy verdicts (the configured S stays the admission bound)",
     )
     guard_ess_min: float = Field(
-        0.5, ge=0.0, le=1.0, description="guard: flag a step whose importance-weight ESS (0..1) falls below"
+        0.8, ge=0.0, le=1.0, description="guard: flag when the importance-weight ESS (0..1, median of 3 steps) is below"
     )
-    guard_kl_max: float = Field(0.5, gt=0.0, description="guard: flag a step whose mean behaviour KL exceeds")
-    guard_clip_max: float = Field(0.3, gt=0.0, le=1.0, description="guard: flag a step whose clip fraction exceeds")
+    guard_kl_max: float = Field(
+        1.0, gt=0.0, description="guard: flag when the behaviour KL (median of 3 steps) exceeds"
+    )
+    guard_clip_max: float = Field(
+        0.15, gt=0.0, le=1.0, description="guard: flag when the clip fraction (median of 3 steps) exceeds"
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward pass")

@@ -38,8 +38,11 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
         settings(BenchStalenessConfig(**kwargs))
 
 
-def row(s, seed, acc, steady, mode="token_tis", flag=None):
+def row(s, seed, acc, steady, mode="token_tis", ess=0.95):
     return {
+        "steps": 4,
+        "health": {"train/is_ess": [ess] * 4, "train/kl_behaviour": [0.01] * 4, "train/clipfrac": [0.05] * 4},
+        "guard": [],
         "staleness": s,
         "off_policy": mode,
         "adaptive": False,
@@ -49,16 +52,16 @@ def row(s, seed, acc, steady, mode="token_tis", flag=None):
         "reward": [0.1, 0.2, 0.3, 0.4],
         "train_s": steady + 20,
         "steady_s": steady,
-        "first_flag_step": flag,
     }
 
 
 def test_summary_averages_seeds_and_compares_wall_time_with_s0_of_the_same_correction():
-    rows = [row(0, 0, 0.6, 100), row(0, 1, 0.7, 120), row(4, 0, 0.5, 50, flag=3), row(4, 1, 0.7, 60)]
+    rows = [row(0, 0, 0.6, 100), row(0, 1, 0.7, 120), row(4, 0, 0.5, 50, ess=0.3), row(4, 1, 0.7, 60)]
     s0, s4 = summary(rows)
     assert s0["greedy_accuracy"] == pytest.approx(0.65) and s0["speedup_vs_sync"] == pytest.approx(1.0)
     assert (s4["greedy_accuracy_min"], s4["greedy_accuracy_max"]) == (0.5, 0.7)
-    assert s4["speedup_vs_sync"] == pytest.approx(110 / 55) and s4["flagged_runs"] == 1
+    assert s4["speedup_vs_sync"] == pytest.approx(110 / 55)
+    assert s4["flagged_runs"] == 1 and s4["first_flag_steps"] == [2, None]  # replayed: ESS 0.3 from the first window
     assert s4["reward_last3"] == pytest.approx(0.3)
     (alone,) = summary([row(8, 0, 0.5, 50, mode="geo_mask")])
     assert alone["speedup_vs_sync"] is None  # no S = 0 run of geo_mask to compare with

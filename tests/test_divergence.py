@@ -28,37 +28,47 @@ def test_each_crossed_threshold_is_a_reason():
         "clip fraction 0.400 > 0.3",
     ]
     assert guard.reasons({}) == []  # a step without the measures (e.g. an old metrics line) is not flagged
+    guard = DivergenceGuard(4, LIMITS, adaptive=False)
+    assert run(guard, [{}] * 4) == [None] * 4
+
+
+def test_verdicts_are_on_the_median_of_three_steps_so_one_spike_is_ignored():
+    guard = DivergenceGuard(8, LIMITS, adaptive=False)
+    assert run(guard, [HEALTHY, COLLAPSED, HEALTHY, HEALTHY, COLLAPSED, HEALTHY]) == [None] * 6
 
 
 def test_without_adaptive_staleness_it_warns_and_keeps_s():
     guard = DivergenceGuard(8, LIMITS, adaptive=False)
-    decisions = run(guard, [HEALTHY, COLLAPSED, COLLAPSED, HEALTHY, HEALTHY, HEALTHY, HEALTHY])
+    decisions = run(guard, [HEALTHY, COLLAPSED, COLLAPSED, COLLAPSED, HEALTHY, HEALTHY, HEALTHY])
     flagged = [d for d in decisions if d]
-    assert [d["step"] for d in flagged] == [1, 2]
+    assert [d["step"] for d in flagged] == [2, 3, 4]  # windows (H,C,C), (C,C,C), (C,C,H)
     assert all(d["action"] == "warn" and d["effective_to"] == 8 for d in flagged)
+    assert flagged[0]["medians"]["train/is_ess"] == 0.2
     assert guard.effective == 8
 
 
-def test_adaptive_staleness_halves_s_on_each_flag_and_climbs_back_one_per_three_healthy_steps():
-    guard = DivergenceGuard(8, LIMITS, adaptive=True, patience=3)
-    stream = [COLLAPSED, COLLAPSED] + [HEALTHY] * 7 + [COLLAPSED] + [HEALTHY] * 30
-    decisions = run(guard, stream)
+def test_adaptive_staleness_halves_s_per_flag_and_climbs_back_one_per_three_healthy_verdicts():
+    guard = DivergenceGuard(8, LIMITS, adaptive=True, window=3, patience=3)
+    decisions = run(guard, [COLLAPSED] * 6 + [HEALTHY] * 30)
     changes = [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in decisions if d]
-    assert changes[:5] == [
-        (0, "lower", 8, 4),
-        (1, "lower", 4, 2),
-        (4, "raise", 2, 3),  # three healthy steps: 2, 3, 4
-        (7, "raise", 3, 4),
-        (9, "lower", 4, 2),
+    assert changes == [
+        (2, "lower", 8, 4),  # the first full window
+        (5, "lower", 4, 2),  # three fresh steps after the change (rollouts in flight were as stale)
+        (10, "raise", 2, 3),  # healthy verdicts at steps 8, 9, 10
+        (13, "raise", 3, 4),
+        (16, "raise", 4, 5),
+        (19, "raise", 5, 6),
+        (22, "raise", 6, 7),
+        (25, "raise", 7, 8),  # back to the configured S and no further
     ]
-    assert changes[-1][3] == 8 and guard.effective == 8  # back to the configured S and no further
+    assert guard.effective == 8
     assert all(d["kind"] == "staleness" and d["staleness"] == 8 for d in decisions if d)
 
 
 def test_at_s_zero_a_flag_is_a_warning_only():
     guard = DivergenceGuard(0, LIMITS, adaptive=True)
-    (d,) = run(guard, [COLLAPSED])
-    assert d["action"] == "warn" and guard.effective == 0
+    decisions = run(guard, [COLLAPSED] * 3)
+    assert decisions[2]["action"] == "warn" and guard.effective == 0
 
 
 def test_health_by_staleness_from_the_summed_rows():

@@ -194,6 +194,21 @@ def _prune(out: Path) -> None:
         shutil.rmtree(out / name, ignore_errors=True)
 
 
+def replayed_flags(row: dict[str, Any]) -> list[int]:
+    """The steps the divergence guard, at the learner's default thresholds, flags in a run's recorded health
+    (what a learner without --adaptive-staleness would warn about; it changes nothing in such a run)."""
+    from echo2cli.config import LearnerConfig
+    from echo2cli.learner.divergence import DivergenceGuard, Thresholds
+
+    f = LearnerConfig.model_fields
+    limits = Thresholds(
+        ess_min=f["guard_ess_min"].default, kl_max=f["guard_kl_max"].default, clip_max=f["guard_clip_max"].default
+    )
+    guard = DivergenceGuard(row["staleness"], limits, adaptive=False)
+    health = row["health"]
+    return [i for i in range(row["steps"]) if guard.observe(i, {k: v[i] for k, v in health.items()})]
+
+
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per setting: mean and spread over seeds of final accuracy, and wall time against S = 0 of the same
     correction (speed-up = S = 0's mean steady time / this setting's: both from the end of the first step,
@@ -220,7 +235,8 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "train_s": statistics.mean(r["train_s"] for r in runs),
                 "steady_s": steady_s,
                 "speedup_vs_sync": base[mode] / steady_s if mode in base else None,
-                "flagged_runs": sum(r["first_flag_step"] is not None for r in runs),
+                "flagged_runs": sum(bool(_flags(r)) for r in runs),
+                "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
             }
         )
     return out
@@ -255,3 +271,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _flags(row: dict[str, Any]) -> list[int]:
+    """Steps the guard flagged: as it ran with --adaptive-staleness, else replayed at today's thresholds."""
+    return [d["step"] for d in row["guard"]] if row["adaptive"] else replayed_flags(row)

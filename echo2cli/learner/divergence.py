@@ -1,25 +1,35 @@
 """The divergence guard: notices from each step's off-policy health that a run is going off the rails, and
 with `--adaptive-staleness` lowers the staleness bound for new leases until it is healthy again.
 
-A step is unhealthy when any of its whole-batch measures crosses its threshold:
+Every step's verdict is on the median of the last `window` steps (3) of three measures, each against its
+threshold:
 
 - `train/is_ess` below `ess_min`: the importance weights w = pi_theta / mu of the batch's tokens have a
   normalised effective sample size (sum w)^2 / (n sum w^2) this low, i.e. a few tokens carry the gradient;
-- `train/kl_behaviour` above `kl_max`: the mean per-token KL(mu || pi_theta) between the policy that sampled
-  and the one being trained;
+- `train/kl_behaviour` above `kl_max`: the mean per-token divergence between the policy that sampled and the
+  one being trained (heavy-tailed: one token the trainer finds far less likely adds thousands);
 - `train/clipfrac` above `clip_max`: the share of tokens whose objective the PPO clip or the dual clip cut.
 
-Each unhealthy step is a warning with its reasons. When adaptive, it also halves the effective S (the bound
-the lease book sizes new leases with; groups already leased stay admissible under the configured S), and
-after `patience` healthy steps in a row the effective S rises by one, up to the configured S. Every warning
-and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each
-step's metrics and applies what it returns.
+A median of 3 ignores a one-step spike, which every staleness shows now and then. The defaults come from
+`echo2 bench staleness` on the default setting (docs/BENCHMARKS.md): no run at S <= 4 crossed them; the
+S = 8 runs did, from the step their staleness reached 6.
+
+Each flagged step is a warning with its reasons. When adaptive, a flag also halves the effective S (the
+bound the lease book sizes new leases with; groups already leased stay admissible under the configured S)
+and starts the window afresh: rollouts already in flight are as stale as before, so the next verdict waits
+for `window` new steps. After `patience` healthy verdicts in a row the effective S rises by one, up to the
+configured S. Every warning and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic:
+the learner feeds it each step's metrics and applies what it returns.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+MEASURES = ("train/is_ess", "train/kl_behaviour", "train/clipfrac")
 
 
 @dataclass(frozen=True)
@@ -30,13 +40,16 @@ class Thresholds:
 
 
 class DivergenceGuard:
-    def __init__(self, staleness: int, thresholds: Thresholds, *, adaptive: bool, patience: int = 3) -> None:
+    def __init__(
+        self, staleness: int, thresholds: Thresholds, *, adaptive: bool, window: int = 3, patience: int = 3
+    ) -> None:
         self.S, self.limits, self.adaptive, self.patience = staleness, thresholds, adaptive, patience
         self.effective = staleness
         self.healthy_steps = 0
+        self.recent: deque[dict[str, float]] = deque(maxlen=window)
 
     def reasons(self, m: dict[str, Any]) -> list[str]:
-        """What about this step's metrics crosses a threshold (empty: healthy)."""
+        """What about these (median) measures crosses a threshold (empty: healthy)."""
         out = []
         lim = self.limits
         if (ess := m.get("train/is_ess")) is not None and ess < lim.ess_min:
@@ -47,14 +60,26 @@ class DivergenceGuard:
             out.append(f"clip fraction {clip:.3f} > {lim.clip_max}")
         return out
 
+    def medians(self) -> dict[str, float]:
+        return {
+            k: statistics.median(vals)
+            for k in MEASURES
+            if (vals := [m[k] for m in self.recent if m.get(k) is not None])
+        }
+
     def observe(self, step: int, m: dict[str, Any]) -> dict[str, Any] | None:
         """A decision for `decisions.jsonl` if this step warns or changes the effective S, else None."""
-        reasons = self.reasons(m)
+        self.recent.append({k: m[k] for k in MEASURES if m.get(k) is not None})
+        if len(self.recent) < (self.recent.maxlen or 1):
+            return None
+        medians = self.medians()
+        reasons = self.reasons(medians)
         before = self.effective
         if reasons:
             self.healthy_steps = 0
-            if self.adaptive:
+            if self.adaptive and self.effective > 0:
                 self.effective //= 2
+                self.recent.clear()
             action = "lower" if self.effective < before else "warn"
         else:
             self.healthy_steps += 1
@@ -68,6 +93,7 @@ class DivergenceGuard:
             "step": step,
             "action": action,
             "reasons": reasons,
+            "medians": medians,
             "staleness": self.S,
             "effective_from": before,
             "effective_to": self.effective,

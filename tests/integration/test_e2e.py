@@ -170,15 +170,15 @@ def test_the_learner_evaluates_every_second_version_beside_training(run):
     assert {"reward/correct", "reward/format", "reward/errors_total"} <= read_metrics(run / "metrics.jsonl")[-1].keys()
 
 
-def test_the_divergence_guard_flags_each_step_and_sizes_leases_with_a_lower_s(run):
+def test_the_divergence_guard_flags_the_run_and_sizes_leases_with_a_lower_s(run):
     guard = [d for d in read_metrics(run / "decisions.jsonl") if d.get("kind") == "staleness"]
-    assert [d["step"] for d in guard] == list(range(STEPS))
-    assert (guard[0]["action"], guard[0]["effective_from"], guard[0]["effective_to"]) == ("lower", S, 0)
-    assert all(d["action"] == "warn" and d["effective_to"] == 0 for d in guard[1:])  # never healthy: stays at 0
+    # its first verdict is on the median of steps 0-2
+    assert [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in guard] == [(2, "lower", S, 0)]
     assert "behaviour KL" in guard[0]["reasons"][0]
     assert "leases now sized with S = 0" in (run / "learner.log").read_text()
-    for r in read_metrics(run / "metrics.jsonl"):
-        assert r["guard/staleness_effective"] == 0
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["guard/staleness_effective"] for r in rows] == [S, S, 0]
+    for r in rows:
         buckets = r["offpolicy/by_staleness"]
         assert set(buckets) <= set(r["rollout/staleness_hist"])
         assert sum(b["tokens"] for b in buckets.values()) == r["train/tokens"]
