@@ -243,14 +243,16 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Reward against step and against wall time, one line per setting (mean of seeds), seeds as a band."""
+    """Reward against step, against the version that generated the batch (step - mean staleness: a batch
+    trained at step t shows the policy of t - lag) and against wall time; one line per setting (mean of
+    seeds), seeds as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     keyed: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(r)
@@ -258,17 +260,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         n = min(len(r["reward"]) for r in runs)
         reward = np.array([r["reward"][:n] for r in runs])
         time_s = np.array([r["time_s"][:n] for r in runs]).mean(axis=0)
-        steps = np.arange(1, n + 1)
-        for ax, x in ((axes[0], steps), (axes[1], time_s)):
+        steps = np.arange(n)
+        generated = steps - np.array([r["staleness_mean"][:n] for r in runs]).mean(axis=0)
+        for ax, x in ((axes[0], steps + 1), (axes[1], generated), (axes[2], time_s)):
             (line,) = ax.plot(x, reward.mean(axis=0), label=label)
             if len(runs) > 1:
                 ax.fill_between(x, reward.min(axis=0), reward.max(axis=0), color=line.get_color(), alpha=0.2)
     axes[0].set_xlabel("step")
-    axes[1].set_xlabel("wall time, s")
+    axes[1].set_xlabel("version that generated the batch")
+    axes[2].set_xlabel("wall time, s")
     for ax in axes:
         ax.set_ylabel("sampled reward (batch mean)")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
+    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
