@@ -42,7 +42,8 @@ def run(tmp_path_factory):
             "--max-new-tokens",
             "8",
             "-S",
-            "3",
+            "6",  # the slow worker's 2-prompt lease takes ~32 s, 4-5 steps: at S = 3 it could come back stale
+            #       (measured 0 rollouts/s) and the run end before a second one was measured
             "--port",
             str(port),
             "--bt-listen",
