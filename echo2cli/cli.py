@@ -354,7 +354,7 @@ def bench_broadcast(
 def bench_staleness(
     given: dict[str, Any],
     config: Path | None = ConfigOpt,
-    plot: Path | None = typer.Option(None, help="write a PNG of reward vs step and vs wall time, one line per setting"),
+    plot: Path | None = typer.Option(None, help="write a PNG of reward vs step, generating version and wall time"),
     as_json: bool = JsonOpt,
 ) -> None:
     """Real runs (learner + workers, then `echo2 eval`) for each staleness bound S, correction and seed: reward
