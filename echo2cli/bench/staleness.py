@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +61,11 @@ def run_name(setting: dict[str, Any]) -> str:
     return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}-seed{setting['seed']}"
 
 
+CORES = os.cpu_count() or 1
+
+
 def _pin(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if (os.cpu_count() or 1) > 1 else []
+    return ["taskset", "-c", str(core)] if CORES > 1 else []
 
 
 def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> float:
@@ -92,9 +96,8 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
     try:
         procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log", prefix=_pin(0)))
         url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
-        cores = max(1, (os.cpu_count() or 1) - 1)
         for i in range(cfg.workers):
-            core = 1 + i % cores if (os.cpu_count() or 1) > 1 else 0
+            core = 1 + i % (CORES - 1) if CORES > 1 else 0
             args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
             env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
             procs.append(spawn(["worker", *args], out / "logs" / f"worker{i}.log", env=env, prefix=_pin(core)))
@@ -108,8 +111,6 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
 def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
     """`echo2 eval --run OUT --json` on the final checkpoint, in its own process (its own vLLM engine)."""
     argv = ["eval", *flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k), "--json"]
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "echo2cli", *argv], capture_output=True, text=True)
     if proc.returncode != 0:
         raise Echo2Error(f"eval of {out} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -135,7 +136,6 @@ def row_of(setting: dict[str, Any], out: Path, wall_s: float, evaluation: dict[s
         "health": {k: [s.get(k) for s in steps] for k in HEALTH},
         "health_by_staleness": bucket_means(steps),
         "guard": decisions,
-        "first_flag_step": next((d["step"] for d in decisions), None),
         **{f"eval_{k}": v for k, v in evaluation.items()},
     }
 
