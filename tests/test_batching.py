@@ -22,3 +22,16 @@ def test_micro_batches_keep_the_padded_size_within_the_token_budget():
     assert [0] in chunks  # as long as the budget: alone
     assert micro_batches([0, 1, 2], [10, 10, 10], max_tokens=0, max_seqs=2) == [[0, 1], [2]]  # no budget: counts only
     assert micro_batches([0], [5000], max_tokens=100, max_seqs=4) == [[0]]  # longer than the budget: still trained
+
+
+def test_micro_batches_keep_a_group_together_where_the_limits_allow():
+    # two groups of 4 (ids 0 and 1) interleaved, lengths mixed: by length alone they would be cut across groups
+    groups = [0, 1, 0, 1, 0, 1, 0, 1]
+    lengths = [50, 52, 48, 60, 51, 49, 47, 53]
+    chunks = micro_batches(range(8), lengths, max_tokens=0, max_seqs=4, groups=groups)
+    assert [sorted({groups[i] for i in c}) for c in chunks] == [[1], [0]]  # group 1 holds the longest sequence
+    assert sorted(i for c in chunks for i in c) == list(range(8))
+    # the token budget still holds: 3 x 60 > 150 cuts group 1 in two
+    chunks = micro_batches(range(8), lengths, max_tokens=150, max_seqs=4, groups=groups)
+    for c in chunks:
+        assert len(c) * max(lengths[i] for i in c) <= 150

@@ -111,6 +111,88 @@ def test_the_head_in_chunks_gives_the_same_log_probs_and_gradients(tiny_model_di
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
 
+SHARED_ROWS = [  # prompts of three lengths, two of them repeated (a GRPO group's samples), completions of 1-5 tokens
+    ([5, 6, 7, 8], [9, 10, 11], [-1.0] * 3),
+    ([5, 6], [12, 13, 14, 15, 16], [-1.0] * 5),
+    ([5, 6, 7, 8], [17], [-1.0]),
+    ([3], [18, 19], [-1.0] * 2),
+    ([5, 6], [20, 21], [-1.0] * 2),
+    ([5, 6, 7, 8], [22, 23, 24, 25], [-1.0] * 4),
+]
+
+
+def test_a_shared_prompt_run_once_gives_the_same_log_probs_and_gradients(tiny_model_dir):
+    from echo2cli.learner.trainer import TokenLogp
+
+    results = []
+    for share in (False, True):
+        tr = make_trainer(tiny_model_dir)
+        tr.autocast = False
+        policy = TokenLogp(tr.model, share_prompts=share)
+        ids, attn, mask, _ = tr._collate(SHARED_ROWS)
+        logp = tr._token_logp(policy, ids, attn, mask)
+        (logp * torch.arange(logp.numel()).reshape(logp.shape)).sum().backward()  # every position counts
+        results.append((logp.detach(), [p.grad.clone() for p in tr.model.parameters()]))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(a != 0, b != 0)  # the same completion positions scored
+    for x, y in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_no_prompt_is_shared_when_none_repeats_or_a_row_has_no_completion(tiny_model_dir):
+    from echo2cli.learner.trainer import TokenLogp
+
+    tr = make_trainer(tiny_model_dir)
+    policy = TokenLogp(tr.model)
+    distinct = [([5, 6], [7], [-1.0]), ([5, 6, 7], [8], [-1.0])]  # one is a prefix of the other: still distinct
+    assert policy._prompt_plan(*tr._collate(distinct)[:3]) is None
+    ids, attn, mask, _ = tr._collate(SHARED_ROWS)
+    mask[0] = 0  # a row that scores nothing
+    assert policy._prompt_plan(ids, attn, mask) is None
+    prompt_lens, owner, heads = policy._prompt_plan(*tr._collate(SHARED_ROWS)[:3])
+    assert prompt_lens == [4, 2, 4, 1, 2, 4] and owner == [0, 1, 0, 2, 1, 0] and heads == [0, 1, 3]
+
+
+def test_a_step_with_shared_prompts_moves_the_weights_like_one_without(tiny_model_dir):
+    updated = []
+    for share in (False, True):
+        tr = Trainer(
+            tiny_model_dir,
+            lr=1e-2,
+            clip_eps=0.2,
+            is_cap=3.0,
+            kl_coef=0.0,
+            max_grad_norm=1.0,
+            micro_batch=4,
+            share_prompts=share,
+        )
+        tr.autocast = False
+        groups = [
+            Group(
+                prompt_id=k,
+                prompt_token_ids=prompt,
+                samples=[
+                    Sample(prompt_id=k, sample_idx=i, completion_token_ids=c, logprobs=[-1.0] * len(c))
+                    for i, c in enumerate(completions)
+                ],
+                rewards=[1.0, 0.0, 0.5, 0.0],
+                version=0,
+                worker_id="w",
+            )
+            for k, (prompt, completions) in enumerate(
+                [([5, 6, 7], [[8], [9, 10], [11, 12, 13], [14]]), ([3, 4], [[15, 16], [17], [18], [19, 20, 21]])]
+            )
+        ]
+        metrics = tr.step(groups, version=0)
+        updated.append((metrics, [p.detach().clone() for p in tr.model.parameters()]))
+    (m_a, w_a), (m_b, w_b) = updated
+    for x, y in zip(w_a, w_b, strict=True):  # lr 1e-2: a step that differed would move weights by ~1e-2
+        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-4)
+    assert m_a["train/tokens"] == m_b["train/tokens"]
+    assert abs(m_a["train/kl_behaviour"] - m_b["train/kl_behaviour"]) < 1e-4
+
+
 def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):
     """Trained at version 5, groups of versions 5 and 2 land in buckets 0 and 3 with their own token counts."""
     tr = make_trainer(tiny_model_dir)

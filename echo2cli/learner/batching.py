@@ -23,14 +23,30 @@ def balance(lengths: Sequence[int], world: int) -> list[list[int]]:
     return [sorted(r) for r in ranks]
 
 
-def micro_batches(indices: Sequence[int], lengths: Sequence[int], max_tokens: int, max_seqs: int) -> list[list[int]]:
+def micro_batches(
+    indices: Sequence[int],
+    lengths: Sequence[int],
+    max_tokens: int,
+    max_seqs: int,
+    groups: Sequence[int] | None = None,
+) -> list[list[int]]:
     """`indices` cut into micro-batches of at most `max_seqs` sequences whose padded size (count x longest)
     stays within `max_tokens` (0 = no token budget). A sequence longer than the budget goes alone.
 
-    Sequences are taken longest first, so those padded together have similar lengths."""
+    Sequences are taken longest first, so those padded together have similar lengths. With `groups` (a group
+    id per sequence, e.g. the prompt it answers) a group's sequences are taken one after another, groups
+    longest first, so a micro-batch holds whole groups where the limits allow: the trainer runs a prompt
+    shared within a micro-batch once (`trainer.py`)."""
+    if groups is None:
+        order = sorted(indices, key=lambda i: (-lengths[i], i))
+    else:
+        group_len: dict[int, int] = {}
+        for i in indices:
+            group_len[groups[i]] = max(group_len.get(groups[i], 0), lengths[i])
+        order = sorted(indices, key=lambda i: (-group_len[groups[i]], groups[i], -lengths[i], i))
     out: list[list[int]] = []
     current: list[int] = []
-    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+    for i in order:
         longest = max([lengths[j] for j in current] + [lengths[i]])
         fits = len(current) < max_seqs and (max_tokens <= 0 or (len(current) + 1) * longest <= max_tokens)
         if current and not fits:

@@ -98,6 +98,9 @@ class ShardedTrainer(Trainer):
         super().__init__(model_dir, device=device, **kwargs)
         mesh = init_device_mesh(device.type, (self.world,))
         for policy in [self.policy] + ([self.ref] if self.ref is not None else []):
+            # Every rank must make the same collective calls, and whether a rank's micro-batch repeats a
+            # prompt (two passes through the layers instead of one) depends on its rows: no sharing here.
+            policy.share_prompts = False
             for layer in policy.model.get_decoder().layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(policy, mesh=mesh)
@@ -135,9 +138,9 @@ class ShardedTrainer(Trainer):
         self._tell("step", groups, version)
         return super().step(groups, version)
 
-    def export_weights(self, path: Path) -> None:
-        self._tell("export_weights", path)
-        super().export_weights(path)
+    def weights_bf16(self) -> dict[str, torch.Tensor] | None:
+        self._tell("weights_bf16")
+        return super().weights_bf16()
 
     def save_checkpoint(self, directory: Path) -> None:
         self._tell("save_checkpoint", directory)

@@ -103,14 +103,19 @@ class TokenLogp(torch.nn.Module):
     alone): the fp32 logits of a 16k-token completion over a 150k vocabulary would otherwise take ~10 GB per
     copy. One module with one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, share_prompts: bool = True) -> None:
         super().__init__()
         self.model = model
+        self.share_prompts = share_prompts
 
     def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
         where = mask.bool()
-        picked, targets = hidden[where], ids[:, 1:][where]
+        targets = ids[:, 1:][where]
+        plan = self._prompt_plan(ids, attn, mask) if self.share_prompts else None
+        if plan is None:
+            picked = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1][where]
+        else:
+            picked = self._shared_prompt_hidden(ids, attn, *plan)
         if len(targets) <= LOGIT_CHUNK:
             logp = self._logp(picked, targets, temperature)
         else:
@@ -130,6 +135,72 @@ class TokenLogp(torch.nn.Module):
         out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         out[where] = logp
         return out
+
+    def _prompt_plan(
+        self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[list[int], list[int], list[int]] | None:
+        """Each row's prompt length, the index of its prompt among the distinct ones, and the first row of each
+        distinct prompt; None when no prompt repeats (nothing to share) or sharing cannot apply: a row without
+        completion tokens, or activation checkpointing (it recomputes layers, which would grow the cache twice)."""
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            return None
+        counts = mask.sum(1).tolist()
+        if min(counts) < 1:
+            return None
+        prompt_lens = (mask.argmax(1) + 1).tolist()  # mask starts at the target of the first completion token
+        rows = ids.tolist()
+        first: dict[tuple[int, ...], int] = {}
+        owner = [first.setdefault(tuple(r[:n]), len(first)) for r, n in zip(rows, prompt_lens, strict=True)]
+        if len(first) == len(rows):
+            return None
+        heads = [0] * len(first)
+        for row in reversed(range(len(rows))):
+            heads[owner[row]] = row
+        return prompt_lens, owner, heads
+
+    def _shared_prompt_hidden(
+        self, ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int], owner: list[int], heads: list[int]
+    ) -> torch.Tensor:
+        """The hidden states `forward` projects, computed with each distinct prompt run once: the G samples of a
+        GRPO group share their prompt, so its positions need not be computed (forward and backward) G times.
+
+        The prompts run as one batch whose key/value cache is then repeated for each row that shares it; the
+        completions run against that cache, with positions continuing after their own prompt. Gradients flow
+        back through the repeated cache into the prompt pass, so the result equals the plain pass up to float
+        rounding. Rows come back in `forward`'s order: the last prompt position, then each completion position
+        but the last, row by row."""
+        from transformers import DynamicCache
+
+        dev = ids.device
+        decoder = self.model.get_decoder()
+        p_len = max(prompt_lens[h] for h in heads)
+        prompts = ids[heads, :p_len].clone()
+        p_attn = attn[heads, :p_len].clone()
+        for u, h in enumerate(heads):  # right-padded; a longer prompt's tokens past this one's end are masked
+            p_attn[u, prompt_lens[h] :] = 0
+        first = decoder(input_ids=prompts, attention_mask=p_attn, use_cache=True)
+        rows = torch.tensor(owner, device=dev)
+        cache = DynamicCache(
+            ddp_cache_data=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v, *_ in first.past_key_values],
+            config=self.model.config,
+        )
+        lens = torch.tensor(prompt_lens, device=dev)
+        seq_lens = attn.sum(1)
+        c_len = int((seq_lens - lens).max())
+        cols = torch.arange(c_len, device=dev)
+        gather = (lens[:, None] + cols[None]).clamp(max=ids.shape[1] - 1)
+        in_completion = cols[None] < (seq_lens - lens)[:, None]
+        completions = torch.where(in_completion, ids.gather(1, gather), torch.zeros_like(gather))
+        second = decoder(
+            input_ids=completions,
+            attention_mask=torch.cat([p_attn[rows], in_completion.long()], dim=1),
+            position_ids=lens[:, None] + cols[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        last_prompt = first.last_hidden_state[torch.arange(len(heads), device=dev), lens[heads] - 1]
+        hidden = torch.cat([last_prompt[rows][:, None], second.last_hidden_state[:, :-1]], dim=1)
+        return hidden[in_completion]
 
     def _logp(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         logits = self.model.get_output_embeddings()(hidden).float() / temperature
@@ -153,6 +224,7 @@ class Trainer:
         off_policy: str = "token_tis",
         geo_low: float = 0.99,
         geo_high: float = 1.01,
+        share_prompts: bool = True,
         device: torch.device | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
@@ -160,7 +232,8 @@ class Trainer:
         A micro-batch holds at most `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most
         that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
         backward pass instead of keeping them: less memory for long sequences, more compute. `off_policy`,
-        `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`)."""
+        `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`). `share_prompts`: run a prompt
+        shared by several sequences of a micro-batch once (`TokenLogp`)."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError
@@ -174,10 +247,10 @@ class Trainer:
         self.model.train()
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.policy = TokenLogp(self.model)
+        self.policy = TokenLogp(self.model, share_prompts)
         self.ref: TokenLogp | None = None
         if kl_coef > 0:
-            self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False))
+            self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False), share_prompts)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
@@ -227,7 +300,10 @@ class Trainer:
         lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
         total_tokens = sum(len(c) for _, c, _ in rows)
         lengths = [len(p) + len(c) for p, c, _ in rows]
-        chunks = micro_batches(self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch)
+        group_of = [k for k, g in enumerate(groups) for _ in g.samples] if self.policy.share_prompts else None
+        chunks = micro_batches(
+            self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch, group_of
+        )
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         outliers: list[dict[str, Any]] = []
@@ -317,23 +393,19 @@ class Trainer:
     def close(self) -> None:
         """Nothing to release in one process (a sharded trainer releases its other ranks)."""
 
-    def export_weights(self, path: Path) -> None:
-        """Write model.safetensors in bf16 (the rollout/wire dtype); tied lm_head is left out as HF does."""
-        from safetensors.torch import save_file
-
+    def weights_bf16(self) -> dict[str, torch.Tensor] | None:
+        """A bf16 copy of the weights on the CPU to publish (None on a rank that does not write); a tied lm_head is
+        left out as HF does. The copy is the version: training may go on while it is written."""
         tensors = self._full_state()
-        if tensors is None:
-            return
-        if getattr(self.model.config, "tie_word_embeddings", False):
+        if tensors is not None and getattr(self.model.config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        try:
-            save_file(tensors, str(tmp), metadata={"format": "pt"})
-            tmp.rename(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
-            raise
+        return tensors
+
+    def export_weights(self, path: Path) -> None:
+        """Write model.safetensors in bf16 (the rollout/wire dtype)."""
+        tensors = self.weights_bf16()
+        if tensors is not None:
+            write_weights(tensors, path)
 
     def save_checkpoint(self, directory: Path) -> None:
         """Weights (fp32 safetensors + config), AdamW state and RNG states into `directory`."""
@@ -378,3 +450,17 @@ class Trainer:
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """`tensors` as a safetensors file at `path`, whole or not at all (a full disk leaves no half file)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.rename(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
