@@ -59,7 +59,7 @@ class LearnerConfig(_Config):
         "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
         "Evaluation": "eval_every eval_limit eval_k",
-        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing",
+        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts",
     }
 
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
@@ -127,6 +127,11 @@ class LearnerConfig(_Config):
     )
     activation_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward pass: less memory, more compute"
+    )
+    share_prompts: bool = Field(
+        True,
+        description="run a prompt shared by a group's G samples once per micro-batch, not G times (same result; "
+        "one process only, and not with activation checkpointing)",
     )
     nproc_per_node: int = Field(
         1,
@@ -287,6 +292,12 @@ class DemoConfig(_Config):
     staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
+    learner_threads: int = Field(
+        0,
+        ge=0,
+        description="the learner's torch threads (0 = the cores left after one per worker, at least 1: "
+        "more threads than free cores spin at every barrier while engines hold their cores)",
+    )
 
 
 class EvalConfig(_Config):

@@ -1,8 +1,9 @@
 """`echo2 demo`: the whole system on one machine — a learner and K workers as separate processes.
 
 They talk only over HTTP and BitTorrent on loopback, exactly as across the internet. Each worker's
-vLLM engine is pinned to one core (`VLLM_CPU_OMP_THREADS_BIND`); the learner trains with torch's default
-threads. Logs go to `<out>/logs/`, metrics to `<out>/metrics.jsonl`, the summary to `<out>/demo_summary.json`.
+vLLM engine is pinned to one core (`VLLM_CPU_OMP_THREADS_BIND`); the learner trains with the cores left
+(`learner_threads`). Logs go to `<out>/logs/`, metrics to `<out>/metrics.jsonl`, the summary to
+`<out>/demo_summary.json`.
 """
 
 from __future__ import annotations
@@ -146,6 +147,13 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     return summary
 
 
+def learner_threads(cores: int, workers: int) -> int:
+    """The cores left after one per worker's engine, at least one. On 2 cores with 2 workers the learner gets
+    1 thread: with 2, each of its parallel regions waits for a thread whose core an engine holds, and spins
+    (the learner burned 1.6x the CPU per step for a slower step; docs/BENCHMARKS.md "The one-box demo")."""
+    return max(1, cores - workers)
+
+
 def _start(cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: Console) -> str:
     """The learner, then the workers, each engine pinned to its own core; the learner's URL."""
     learner_args = flags(
@@ -159,6 +167,7 @@ def _start(cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: C
         staleness=cfg.staleness,
         lr=cfg.lr,
         quiet=True,
+        torch_threads=cfg.learner_threads or learner_threads(os.cpu_count() or 1, cfg.workers),
     )
     procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log"))
     with console.status("starting the learner"):

@@ -214,8 +214,13 @@ def test_a_full_disk_while_publishing_a_version_is_a_disk_full_error(tiny_model_
 
     with small_disk(tmp_path / "small", "16k") as mount:
         publisher = Publisher(make_trainer(tiny_model_dir), None, None, mount / "versions", "http://t", keep=2)
+        publisher.publish(0)  # the copy of the weights; the file is written in the background
         with pytest.raises(DiskFullError, match="disk full writing version 0"):
-            publisher.publish(0)
+            publisher.wait()
+        with pytest.raises(DiskFullError):  # a failure is raised once, then the next version is tried
+            publisher.publish(1)
+            publisher.wait()
+        publisher.close()
 
 
 def test_a_full_disk_while_encoding_a_delta_is_a_disk_full_error(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
@@ -232,8 +237,34 @@ def test_a_full_disk_while_encoding_a_delta_is_a_disk_full_error(tiny_model_dir,
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pub_module, "encode_delta", full)
+    publisher.publish(1)  # waits for version 0, which was fine
     with pytest.raises(DiskFullError, match="disk full writing the delta of version 1"):
-        publisher.publish(1)
+        publisher.publish(2)  # the next version raises what went wrong with the one in flight
+    publisher.close()
+
+
+def test_versions_are_announced_in_order_one_in_flight_and_the_copy_is_taken_at_publish(tiny_model_dir, tmp_path):  # noqa: F811
+    from safetensors.torch import load_file
+
+    from echo2cli.learner.publisher import Publisher
+
+    announced = []
+    node = SimpleNamespace(seed=lambda key, data, root: None, remove=lambda *a, **k: None)
+    coord = SimpleNamespace(publish=lambda info: announced.append(info.version), versions_in_download=set)
+    trainer = make_trainer(tiny_model_dir)
+    publisher = Publisher(trainer, node, coord, tmp_path / "versions", "http://t/announce", keep=5)
+    publisher.publish(0)
+    before = {k: v.clone() for k, v in trainer.weights_bf16().items()}
+    with torch.no_grad():  # training goes on while version 0 is written: the file must not see it
+        for p in trainer.model.parameters():
+            p.add_(1.0)
+    publisher.publish(1)
+    publisher.wait()
+    assert announced == [0, 1]
+    written = load_file(str(publisher.weights_path(0)))
+    assert all(torch.equal(written[k], v) for k, v in before.items())
+    assert set(publisher.publish_s) == {0, 1} and 1 in publisher.delta_stats
+    publisher.close()
 
 
 def test_a_sharded_checkpoint_given_to_a_one_process_learner_says_to_use_ranks(tiny_model_dir, tmp_path):  # noqa: F811

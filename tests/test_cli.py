@@ -144,3 +144,26 @@ def test_flags_win_over_the_config_file_which_wins_over_defaults(tmp_path):
     assert result.exit_code == 0, result.output
     inputs = json.loads(result.stdout)["inputs"]
     assert inputs["t_train_s"] == 20 and inputs["batch"] == 64 and inputs["kappa"] == 1
+
+
+def test_the_demo_learner_gets_the_cores_left_after_one_per_worker():
+    from echo2cli.demo import learner_threads
+
+    assert learner_threads(2, 2) == 1  # the CI box: never more threads than free cores
+    assert learner_threads(8, 2) == 6
+    assert learner_threads(1, 4) == 1
+
+
+def test_the_vllm_plugin_shortens_the_engine_busy_wait_only_when_echo2_asks(monkeypatch):
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    from echo2cli.worker import vllm_plugin
+
+    init = shm_broadcast.SpinCondition.__init__
+    monkeypatch.setattr(init, "__defaults__", init.__defaults__)  # restored after the test
+    monkeypatch.delenv(vllm_plugin.BUSY_LOOP_ENV, raising=False)
+    vllm_plugin.register()
+    assert init.__defaults__ == (1,)  # vLLM's own default, untouched for anyone else
+    monkeypatch.setenv(vllm_plugin.BUSY_LOOP_ENV, "0.05")
+    vllm_plugin.register()
+    assert init.__defaults__ == (0.05,)

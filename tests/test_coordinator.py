@@ -281,3 +281,19 @@ def test_stale_groups_count_toward_a_workers_speed_but_not_its_throughput(clock)
     coord.set_step_time(4.0)
     assert coord.measured()[0]["rollouts_per_s"] == 0.0  # mu_i: nothing admitted
     assert len(coord.lease(w, coord.version, 8).lease.prompts) == 4  # 2 rollouts/s x 4 s / G = 4 prompts
+
+
+def test_leases_name_the_newest_announced_version_not_the_one_still_being_written(clock):
+    # A worker told of a version that is not announced yet would fetch the one it holds, again and again.
+    from echo2cli.protocol import PolicyInfo
+
+    coord = make_coord(clock, S=1)
+    coord.publish(
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0.0)
+    )
+    wid = coord.join("w", 0.0)
+    coord.advance(1)  # step 0 trained; version 1 is written in the background
+    resp = coord.lease(wid, 0, 2)
+    assert resp.status == "ok" and resp.latest_version == 0  # lag 1 <= S: it may go on with version 0
+    coord.advance(2)
+    assert coord.lease(wid, 0, 2).status == "update" and coord.lease(wid, 0, 2).latest_version == 0

@@ -130,6 +130,15 @@ def test_a_stalled_download_gives_way_to_the_newest_version(tmp_path):
     assert store.node.fetched == [1, 3] and 1 in store.node.removed
 
 
+def test_a_version_announced_ahead_of_the_newest_one_does_not_refetch_what_is_loaded(tmp_path):
+    # The learner names the version it trains while the newest it can hand out is older (still being written,
+    # or a learner that lies): the worker must not fetch and reload the version it already runs, over and over.
+    store, current = fetching_store(tmp_path), real_policy(tmp_path, 2)
+    store.loaded = 2
+    store.follow(3, lambda: current)
+    assert store.pending is None and store.node.fetched == []
+
+
 def test_a_seed_announces_often_enough_to_stay_listed_on_the_tracker():
     """libtorrent's default re-announces every 300 s, but the tracker forgets a peer after 30 s: a version's
     seeds vanished for anyone who started fetching it later than that."""

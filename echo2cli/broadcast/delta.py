@@ -104,10 +104,10 @@ def apply_delta(
         planes = np.frombuffer(z.decompress(data[bits_len : bits_len + planes_len]), np.uint8)
     except zstandard.ZstdError as exc:
         raise BroadcastError(f"delta {delta} is corrupt: {exc}") from exc
-    changed = np.unpackbits(bits, count=header["words"]).astype(bool)
+    changed = np.unpackbits(bits, count=header["words"]).view(bool)  # 0/1 bytes: a view, not a 134 MB copy
     if planes.size != 2 * header["changed"] or int(changed.sum()) != header["changed"]:
         raise BroadcastError(f"delta {delta} is inconsistent with its header")
-    new = old.copy()
+    new = old  # read from the file into a buffer of its own: patched in place
     new[changed] ^= np.ascontiguousarray(planes.reshape(2, -1).T).view(np.uint16).ravel()
     digest = _sha256(new)
     want = expected_sha256 or header["target_sha256"]

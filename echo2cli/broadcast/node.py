@@ -8,16 +8,21 @@ Torrents are not auto-managed, so the session never queues or pauses one behind 
 
 `fetch` never trusts a download: `poll` marks a version complete only after libtorrent has verified
 every piece (its SHA-1 in the v1 torrent) and the caller re-checks the whole file's SHA-256.
+
+A node may be used from two threads (the learner announces versions from a background thread): each public
+method holds the node's lock while it reads or changes its table of transfers.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
+import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from echo2cli.broadcast.tracker import ANNOUNCE_INTERVAL_S
 from echo2cli.errors import BroadcastError, is_disk_full
@@ -77,6 +82,18 @@ def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
     return [7 if i * n // num_pieces == k else 0 for i in range(num_pieces)]
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: TorrentNode, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 class TorrentNode:
     def __init__(
         self,
@@ -90,6 +107,7 @@ class TorrentNode:
         import libtorrent as lt
 
         self._lt = lt
+        self._lock = threading.RLock()
         self.tracker_key = tracker_key
         settings = {
             "listen_interfaces": listen,
@@ -157,6 +175,7 @@ class TorrentNode:
             entries = [self._lt.announce_entry(f"{u}/{self.tracker_key}") for u in transfer.tracker_urls]
             transfer.handle.replace_trackers(entries)
 
+    @_locked
     def set_tracker_key(self, key: str) -> None:
         """A worker that joined again (the learner restarted) announces every transfer with its new key."""
         self.tracker_key = key
@@ -164,15 +183,18 @@ class TorrentNode:
             self._announce_with_key(transfer)
             transfer.handle.force_reannounce()
 
+    @_locked
     def seed(self, key: Hashable, torrent: bytes, save_path: Path) -> Transfer:
         return self._add(key, torrent, save_path, seed=True)
 
+    @_locked
     def fetch(self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None) -> Transfer:
         """Start downloading; `slot=(k, n)` asks for the k-th of n equal piece ranges first (see below)."""
         if key in self.transfers:
             return self.transfers[key]
         return self._add(key, torrent, save_path, seed=False, slot=slot)
 
+    @_locked
     def poll(self) -> None:
         """Drain alerts (hash failures, errors), mark complete downloads, open slot gates.
 
@@ -194,10 +216,12 @@ class TorrentNode:
                 transfer.finished_at = time.time()
             transfer.open_gates()
 
+    @_locked
     def progress(self, key: Hashable) -> float:
         transfer = self.transfers.get(key)
         return float(transfer.handle.status().progress) if transfer else 0.0
 
+    @_locked
     def check(self, key: Hashable) -> None:
         """Raise what went wrong with a transfer (a full disk, a storage error), if anything did."""
         transfer = self.transfers[key]
@@ -206,12 +230,14 @@ class TorrentNode:
                 raise BroadcastError(f"disk full while fetching {key} into {transfer.save_path}")
             raise BroadcastError(f"torrent for {key} failed: {transfer.error}")
 
+    @_locked
     def recheck(self, key: Hashable) -> None:
         """Hash the local file again (it changed on disk since libtorrent verified it); not complete until done."""
         transfer = self.transfers[key]
         transfer.handle.force_recheck()
         transfer.finished_at = None
 
+    @_locked
     def upload_bytes(self, key: Hashable | None = None) -> int:
         """Bytes uploaded to peers: for one torrent, or in total (removed torrents included)."""
         if key is not None:
@@ -220,10 +246,12 @@ class TorrentNode:
         live = sum(int(t.handle.status().all_time_upload) for t in self.transfers.values())
         return live + self._removed_upload
 
+    @_locked
     def download_bytes(self, key: Hashable) -> int:
         transfer = self.transfers.get(key)
         return int(transfer.handle.status().all_time_download) if transfer else 0
 
+    @_locked
     def remove(self, key: Hashable, delete_dir: Path | None = None) -> None:
         transfer = self.transfers.pop(key, None)
         if transfer is not None:
@@ -232,6 +260,7 @@ class TorrentNode:
         if delete_dir is not None:
             shutil.rmtree(delete_dir, ignore_errors=True)
 
+    @_locked
     def close(self) -> None:
         for key in list(self.transfers):
             self.remove(key)

@@ -164,7 +164,10 @@ class Coordinator:
     def lease(self, worker_id: str, version: int, max_prompts: int) -> LeaseResponse:
         """Prompts for a worker generating with `version`, as many as the room, its cap and its ask allow."""
         with self.lock:
-            return self.dispatcher.lease(worker_id, version, max_prompts, current=self.version, finished=self.finished)
+            latest = max(self.published.policies, default=self.version)  # self.version may still be written
+            return self.dispatcher.lease(
+                worker_id, version, max_prompts, current=self.version, finished=self.finished, latest=latest
+            )
 
     def expire_leases(self) -> None:
         with self.lock:

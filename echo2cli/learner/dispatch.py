@@ -35,11 +35,15 @@ class Dispatcher:
         self.prompts, self.leases, self.fleet, self.admission = prompts, leases, fleet, admission
         self.counters = counters
 
-    def lease(self, worker_id: str, version: int, max_prompts: int, *, current: int, finished: bool) -> LeaseResponse:
-        """Prompts for a worker generating with `version` while the learner is at `current`."""
+    def lease(
+        self, worker_id: str, version: int, max_prompts: int, *, current: int, finished: bool, latest: int | None = None
+    ) -> LeaseResponse:
+        """Prompts for a worker generating with `version` while the learner is at `current`. `latest`: the newest
+        version announced, which the learner may still be writing `current` behind (default: `current`)."""
+        latest = current if latest is None else latest
 
         def answer(status: Status, detail: str = "") -> LeaseResponse:
-            return LeaseResponse(status=status, latest_version=current, detail=detail)
+            return LeaseResponse(status=status, latest_version=latest, detail=detail)
 
         if version > current:
             self.fleet.saw(worker_id)
@@ -64,7 +68,7 @@ class Dispatcher:
         lease = self._grant(worker_id, worker, version, n)
         if lease is None:
             return answer("wait", f"no queued prompt fits this worker's context of {worker.max_model_len} tokens")
-        return LeaseResponse(status="ok", lease=lease, latest_version=current)
+        return LeaseResponse(status="ok", lease=lease, latest_version=latest)
 
     def _grant(self, worker_id: str, worker: WorkerRecord, version: int, n: int) -> Lease | None:
         """Up to n prompts that fit the worker's context, oldest queued first; None if none fits."""

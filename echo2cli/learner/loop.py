@@ -4,7 +4,8 @@
     for t in start..steps-1:
         wait until B admissible groups are ready            (learner/t_wait_s: the bubble)
         one GRPO step on them                               (learner/t_train_s: T_train)
-        publish version t+1 every kappa steps               (learner/t_publish_s)
+        publish version t+1 every kappa steps               (learner/t_publish_s: the copy of the weights;
+                                                             written and announced in the background)
         record: one metrics line; re-plan cost-aware activation every plan_every steps and on joins and
             deaths (activation.py); evaluate every eval_every-th version in a subprocess (periodic_eval.py);
             checkpoint every checkpoint_every steps
@@ -121,6 +122,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         off_policy=cfg.off_policy,
         geo_low=cfg.geo_low,
         geo_high=cfg.geo_high,
+        share_prompts=cfg.share_prompts,
     )
 
 
@@ -166,8 +168,15 @@ class Learner:
                 tracker_key=self.coord.credentials.learner_tracker_key,
             )
         )
-        self.publisher = Publisher(
-            self.trainer, self.node, self.coord, self.out / VERSIONS_DIR, f"{self.url}/announce", keep=cfg.staleness + 1
+        self.publisher = self._close_later(
+            Publisher(
+                self.trainer,
+                self.node,
+                self.coord,
+                self.out / VERSIONS_DIR,
+                f"{self.url}/announce",
+                keep=cfg.staleness + 1,
+            )
         )
         self.log = self._close_later(StepLog(self.out, self.start_step))
         self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
@@ -209,6 +218,7 @@ class Learner:
         """Publish the start version, then serve the API and tracker; learner.json says we are up."""
         shutil.rmtree(self.out / VERSIONS_DIR, ignore_errors=True)  # a previous run's versions: never served again
         self.publisher.publish(self.start_step)
+        self.publisher.wait()
         cfg = self.cfg
         join_info = dict(
             task=cfg.task,
@@ -271,11 +281,13 @@ class Learner:
         return None
 
     def _publish(self, version: int) -> float:
-        """Publish every kappa-th version (and the last); start its evaluation if one is due. Returns seconds."""
+        """Publish every kappa-th version (and the last); start its evaluation if one is due. Returns the seconds
+        the training loop spent on it: waiting for the previous version to be announced, and copying the weights."""
         t0 = time.time()
         if version % self.cfg.kappa == 0 or version == self.cfg.steps:
             self.publisher.publish(version)
             if self.evals.due(version):
+                self.publisher.wait()  # the evaluation reads the file
                 self.evals.start(version, self.publisher.weights_path(version))
         return time.time() - t0
 
@@ -302,6 +314,7 @@ class Learner:
                 "time_s": now - t_start,
                 "learner/t_wait_s": t_wait,
                 "learner/t_publish_s": t_publish,
+                "bcast/t_announce_s": self.publisher.publish_s.get(max(self.publisher.publish_s, default=-1)),
                 "learner/t_busy_s": now - t0 - t_wait,  # the capacity model's T_train: training plus publishing
                 "learner/bubble_ratio": self.bubble.ratio(now),
                 "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
@@ -335,6 +348,7 @@ class Learner:
     def _finish(self, stopped_at: int | None) -> Path:
         """The final checkpoint. A run that reached its last step tells workers it finished and lingers until they
         heard it; a stopped one does not, so they keep retrying and join the resumed learner."""
+        self.publisher.wait()
         if stopped_at is not None:
             return self.checkpoint(stopped_at)
         self.coord.finish()

@@ -5,6 +5,13 @@ Each version after the first is also published as a delta against the previous o
 the previous version fetches a few percent of the bytes and rebuilds the file. The full torrent stays
 for workers without the base (late joiners, laggards).
 
+Publishing is off the training path: `publish(v)` takes a bf16 copy of the weights (a fraction of a second)
+and a background thread writes, hashes, delta-encodes, seeds and announces it while the next step trains.
+One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
+`wait()` and `close()`. Whatever failed in the background (a full disk) is raised by the next of these, so
+the learner stops one step later with the same one-line error. Workers see v once it is announced; until
+then they keep generating with v - 1, which the staleness bound admits (S = 0 waits for it).
+
 The learner is each version's first seed. Versions older than S + 1 behind the latest can no longer
 produce admissible rollouts, so they are dropped from the session and from disk — unless a joined worker is
 still fetching one (its first version, on a slow link): that one is seeded until the worker has it.
@@ -13,7 +20,10 @@ still fetching one (its first version, on a slow link): that one is seeded until
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.node import TorrentNode
@@ -21,7 +31,7 @@ from echo2cli.broadcast.torrent import make_torrent, sha256_file
 from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
-from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.trainer import Trainer, write_weights
 from echo2cli.protocol import PolicyInfo
 
 MAX_HELD_FOR_DOWNLOADS = 4  # old versions kept past S + 1 for workers still fetching them (bounds disk use)
@@ -29,37 +39,78 @@ MAX_HELD_FOR_DOWNLOADS = 4  # old versions kept past S + 1 for workers still fet
 
 class Publisher:
     def __init__(
-        self, trainer: Trainer, node: TorrentNode, coord: Coordinator, root: Path, tracker_url: str, keep: int
+        self,
+        trainer: Trainer,
+        node: TorrentNode,
+        coord: Coordinator,
+        root: Path,
+        tracker_url: str,
+        keep: int,
+        background: bool = True,
     ) -> None:
+        """`background=False`: `publish` does all the work before it returns."""
         self.trainer, self.node, self.coord = trainer, node, coord
         self.root, self.tracker_url, self.keep = root, tracker_url, keep
         self.sizes: dict[int, int] = {}
         self.hashes: dict[int, str] = {}
         self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
+        self.publish_s: dict[int, float] = {}  # version -> seconds from the copy of the weights to announced
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="publish") if background else None
+        self._pending: Future | None = None
 
-    def publish(self, version: int) -> PolicyInfo:
+    def publish(self, version: int) -> None:
+        """Copy the weights now; write and announce them in the background (see the module docstring)."""
+        self.wait()
+        tensors = self.trainer.weights_bf16()
+        if tensors is None:
+            return
+        if self._pool is None:
+            self._write_and_announce(version, tensors, time.perf_counter())
+        else:
+            self._pending = self._pool.submit(self._write_and_announce, version, tensors, time.perf_counter())
+
+    def wait(self) -> None:
+        """Until the version in flight is announced; raises what went wrong with it."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the version in flight (its error is dropped: the run is ending anyway) and stop the thread."""
+        try:
+            self.wait()
+        except Exception:  # already ending, on another error or at the end of a run
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _write_and_announce(self, version: int, tensors: dict[str, torch.Tensor], t0: float) -> PolicyInfo:
         full = VersionKey(version)
         with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
-            self.trainer.export_weights(full.path(self.root))
+            write_weights(tensors, full.path(self.root))
             torrent = make_torrent(full.dir(self.root), self.tracker_url)
+        del tensors
         self.node.seed(full, torrent.data, self.root)
         size = full.path(self.root).stat().st_size
-        self.sizes[version] = size
         self.hashes[version] = sha256_file(full.path(self.root))
+        fields: dict = {}
+        base = max((v for v in self.sizes if v < version), default=None)
+        if base is not None and self.sizes[base] == size:
+            delta = VersionKey(version, delta=True)
+            with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
+                fields = self._publish_delta(base, version)
+        self.sizes[version] = size
         info = PolicyInfo(
             version=version,
             info_hash=torrent.info_hash,
             torrent_b64=torrent.b64,
             sha256=self.hashes[version],
             size_bytes=size,
-            published_at=time.time(),
+            published_at=time.time(),  # T_bcast counts from here: workers can see it from now on
+            **fields,
         )
-        base = max((v for v in self.sizes if v < version), default=None)
-        if base is not None and self.sizes[base] == size:
-            delta = VersionKey(version, delta=True)
-            with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
-                info = info.model_copy(update=self._publish_delta(base, version))
         self.coord.publish(info)
+        self.publish_s[version] = time.perf_counter() - t0
         self._prune(version)
         return info
 

@@ -26,6 +26,12 @@ from pathlib import Path
 from echo2cli.errors import ModelError
 from echo2cli.hardware import compute_dtype, has_cuda
 from echo2cli.worker.reaper import start_reaper
+from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV
+
+# How long vLLM's model-runner process busy-waits for the next message before it sleeps (vLLM's own: 1 s).
+# Decode steps come a few ms apart, so generation keeps the fast path; an engine between leases or on standby
+# stops burning a core 50 ms after its last message (vllm_plugin.py; docs/BENCHMARKS.md "Idle engines").
+ENGINE_BUSY_LOOP_S = 0.05
 
 
 @dataclass
@@ -116,6 +122,8 @@ class Engine:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         # vLLM's engine processes do not die with this one: a watchdog kills them if we are killed (reaper.py)
         self._reaper = start_reaper()
+        if not cuda:  # read by vllm_plugin.py in the processes vLLM starts: idle engines do not spin
+            os.environ.setdefault(BUSY_LOOP_ENV, str(ENGINE_BUSY_LOOP_S))
         try:
             self.llm = LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; all mean "this model does not start"

@@ -102,6 +102,8 @@ class VersionStore:
             ):
                 return
             policy = newest()
+            if policy.version <= self.loaded:  # told of a version not announced yet: nothing newer to fetch
+                return
             if pending is not None:
                 self.log(
                     f"version {pending.policy.version} stalled for {FETCH_STALL_S:.0f} s: fetching {policy.version}"
