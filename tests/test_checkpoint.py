@@ -263,7 +263,7 @@ def test_versions_are_announced_in_order_one_in_flight_and_the_copy_is_taken_at_
     assert announced == [0, 1]
     written = load_file(str(publisher.weights_path(0)))
     assert all(torch.equal(written[k], v) for k, v in before.items())
-    assert set(publisher.publish_s) == {0, 1} and 1 in publisher.delta_stats
+    assert publisher.announce_s is not None and 1 in publisher.delta_stats
     publisher.close()
 
 

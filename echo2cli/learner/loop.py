@@ -314,7 +314,7 @@ class Learner:
                 "time_s": now - t_start,
                 "learner/t_wait_s": t_wait,
                 "learner/t_publish_s": t_publish,
-                "bcast/t_announce_s": self.publisher.publish_s.get(max(self.publisher.publish_s, default=-1)),
+                "bcast/t_announce_s": self.publisher.announce_s,
                 "learner/t_busy_s": now - t0 - t_wait,  # the capacity model's T_train: training plus publishing
                 "learner/bubble_ratio": self.bubble.ratio(now),
                 "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),

@@ -54,7 +54,7 @@ class Publisher:
         self.sizes: dict[int, int] = {}
         self.hashes: dict[int, str] = {}
         self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
-        self.publish_s: dict[int, float] = {}  # version -> seconds from the copy of the weights to announced
+        self.announce_s: float | None = None  # the newest announced version's seconds from the copy to announced
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="publish") if background else None
         self._pending: Future | None = None
 
@@ -110,7 +110,7 @@ class Publisher:
             **fields,
         )
         self.coord.publish(info)
-        self.publish_s[version] = time.perf_counter() - t0
+        self.announce_s = time.perf_counter() - t0  # one attribute: read by the training thread as it is
         self._prune(version)
         return info
 
