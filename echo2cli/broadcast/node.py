@@ -248,8 +248,14 @@ class TorrentNode:
 
     @_locked
     def download_bytes(self, key: Hashable) -> int:
+        """Bytes received for a torrent: libtorrent's payload counter, or the verified bytes held if more. The
+        counter is brought up to date once a second, so right after a fast transfer it can read low (0 for a
+        one-piece delta); a fetch always starts in an empty directory, so every verified byte came over the wire."""
         transfer = self.transfers.get(key)
-        return int(transfer.handle.status().all_time_download) if transfer else 0
+        if transfer is None:
+            return 0
+        status = transfer.handle.status()
+        return int(max(status.all_time_download, status.total_done))
 
     @_locked
     def remove(self, key: Hashable, delete_dir: Path | None = None) -> None:
