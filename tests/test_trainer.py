@@ -28,8 +28,9 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-def make_trainer(path, lr=1e-2):
-    return Trainer(path, lr=lr, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3)
+def make_trainer(path, lr=1e-2, **overrides):
+    kwargs = dict(lr=lr, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3) | overrides
+    return Trainer(path, **kwargs)
 
 
 def logp_of(trainer, prompt, completion):
@@ -157,16 +158,7 @@ def test_no_prompt_is_shared_when_none_repeats_or_a_row_has_no_completion(tiny_m
 def test_a_step_with_shared_prompts_moves_the_weights_like_one_without(tiny_model_dir):
     updated = []
     for share in (False, True):
-        tr = Trainer(
-            tiny_model_dir,
-            lr=1e-2,
-            clip_eps=0.2,
-            is_cap=3.0,
-            kl_coef=0.0,
-            max_grad_norm=1.0,
-            micro_batch=4,
-            share_prompts=share,
-        )
+        tr = make_trainer(tiny_model_dir, micro_batch=4, share_prompts=share)
         tr.autocast = False
         groups = [
             Group(
