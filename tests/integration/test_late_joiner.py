@@ -108,9 +108,9 @@ def test_a_late_joiner_on_a_slow_link_gets_its_version_and_converges(tmp_path):
         procs.append(a := worker("a", 0))
         wait_for(lambda: status().get("step", 0) >= 2, 300, "learner step 2")
         t_join = time.time()
+        v_join = status()["version"]  # announced before `late` starts: the version it fetches is at least this one
         procs.append(worker("late", 1, "--downlink-mbps", str(DOWNLINK_MBPS)))
         wait_for(lambda: any(w["name"] == "late" for w in status().get("workers", [])), 120, "late to join")
-        v_join = status()["version"]
         wait_for(lambda: status().get("version", 0) >= v_join + S + 3, 300, "S + 3 more versions")
         assert not loads(out / "late"), "the late joiner finished too fast for this test: lower DOWNLINK_MBPS"
         a.send_signal(signal.SIGTERM)  # the fleet is `late` alone from now on
