@@ -66,3 +66,55 @@ def test_delta_needs_the_same_layout(tmp_path):
     (tmp_path / "b").write_bytes(b"\0" * 10)
     with pytest.raises(BroadcastError, match="size"):
         encode_delta(tmp_path / "a", tmp_path / "b", tmp_path / "d")
+
+
+def test_chunked_passes_match_a_whole_file_xor(tmp_path, monkeypatch):
+    """Chunks of 64 words over a file of 1,003 words (not a multiple of 8 or of the chunk): same bitmap and XOR
+    bytes as computing them over the whole file at once, and the rebuild is exact."""
+    import zstandard
+
+    from echo2cli.broadcast import delta as delta_module
+
+    monkeypatch.setattr(delta_module, "CHUNK_WORDS", 64)
+    rng = np.random.default_rng(1)
+    old = rng.integers(0, 1 << 16, size=1003, dtype=np.uint16)
+    new = old.copy()
+    new[rng.choice(old.size, 90, replace=False)] ^= 3
+    new[-1] ^= 1  # the last, partial chunk changes too
+    old.tofile(base := tmp_path / "a")
+    new.tofile(target := tmp_path / "b")
+    header = encode_delta(base, target, tmp_path / "d")
+    _, offset = delta_module.read_header(tmp_path / "d")
+    data = (tmp_path / "d").read_bytes()[offset:]
+    z = zstandard.ZstdDecompressor()
+    bits, planes = z.decompress(data[: header["blob_bytes"][0]]), z.decompress(data[header["blob_bytes"][0] :])
+    changed = old != new
+    assert bits == np.packbits(changed).tobytes()
+    assert planes == np.ascontiguousarray((old[changed] ^ new[changed]).view(np.uint8).reshape(-1, 2).T).tobytes()
+    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
+    assert (tmp_path / "out").read_bytes() == target.read_bytes()
+
+
+def test_a_delta_whose_bitmap_disagrees_with_its_header_is_refused(versions, tmp_path):
+    """A hostile delta: valid zstd, header sizes right, but its bitmap marks one word more than it carries."""
+    import json
+    import struct
+
+    import zstandard
+
+    from echo2cli.broadcast.delta import MAGIC, read_header
+
+    base, target = versions
+    encode_delta(base, target, tmp_path / "d")
+    header, offset = read_header(tmp_path / "d")
+    data = (tmp_path / "d").read_bytes()[offset:]
+    z = zstandard.ZstdDecompressor()
+    bits = bytearray(z.decompress(data[: header["blob_bytes"][0]]))
+    bits[bits.index(0)] = 1  # one more changed word, no XOR value for it
+    blobs = [zstandard.ZstdCompressor().compress(bytes(bits)), data[header["blob_bytes"][0] :]]
+    header["blob_bytes"] = [len(b) for b in blobs]
+    raw = json.dumps(header).encode()
+    (tmp_path / "bad").write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
+    with pytest.raises(BroadcastError, match="inconsistent"):
+        apply_delta(base, tmp_path / "bad", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
