@@ -1,0 +1,153 @@
+"""Delta encode (learner) and rebuild (worker) on real versions of the default model, against the whole-file
+passes they replaced and a lower bound, all measured in the same run.
+
+    taskset -c 0 .venv/bin/python scripts/bench_delta.py [--repeats 3] [--dir runs/bench-delta]
+
+Versions: the default model's bf16 weights before and after real learner steps (AdamW, lr 5e-5, one GRPO
+batch of random tokens each): v1 -> v2 is a second step, as in a run. Each call is timed in a fresh process
+(median of the repeats): the publisher and the worker call these once per version, between other work, on
+memory not yet touched; repeated in one process, the whole-array passes reuse already-faulted memory and look
+several times cheaper than they are in a run.
+  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the same format computed on whole
+           arrays (the files read whole, compared, indexed and XORed whole: echo2's earlier encoder)
+  apply    `apply_delta` on a verified base (the worker's case: rebuild, hash, write) vs whole arrays
+  bound    one SHA-256 pass over the target file: a rebuild must at least hash what it writes
+Run it pinned to one core (`taskset -c 0`, one torch thread): the learner of `echo2 bench staleness` runs so,
+and on one core the background publish competes with training for the same cycles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_checkpoint import make_trainer  # noqa: E402
+from bench_train import make_groups  # noqa: E402
+
+from echo2cli.broadcast.delta import MAGIC, apply_delta, encode_delta  # noqa: E402
+from echo2cli.broadcast.torrent import sha256_file  # noqa: E402
+from echo2cli.learner.trainer import write_weights  # noqa: E402
+from echo2cli.models import prepare_default_model  # noqa: E402
+
+
+def whole_encode(base: Path, target: Path, out: Path, base_sha256: str, target_sha256: str) -> None:
+    """The same delta, computed on whole arrays (the encoder this one replaced)."""
+    import zstandard
+
+    old, new = np.fromfile(base, np.uint16), np.fromfile(target, np.uint16)
+    changed = old != new
+    xor = np.bitwise_xor(old[changed], new[changed])
+    planes = xor.view(np.uint8).reshape(-1, 2).T
+    z = zstandard.ZstdCompressor(level=3, threads=-1)
+    blobs = [z.compress(np.packbits(changed).tobytes()), z.compress(np.ascontiguousarray(planes).tobytes())]
+    header = {"words": int(new.size), "changed": int(xor.size), "blob_bytes": [len(b) for b in blobs]}
+    raw = json.dumps(header | {"base_sha256": base_sha256, "target_sha256": target_sha256}).encode()
+    out.write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
+
+
+def whole_apply(base: Path, delta: Path, out: Path, header: dict, offset: int) -> str:
+    """The rebuild on whole arrays (the one this replaced): read, patch, hash, write."""
+    import zstandard
+
+    old = np.fromfile(base, np.uint16)
+    data = delta.read_bytes()[offset:]
+    z, (nb, np_) = zstandard.ZstdDecompressor(), header["blob_bytes"]
+    bits = np.frombuffer(z.decompress(data[:nb]), np.uint8)
+    planes = np.frombuffer(z.decompress(data[nb : nb + np_]), np.uint8)
+    changed = np.unpackbits(bits, count=header["words"]).view(bool)
+    old[changed] ^= np.ascontiguousarray(planes.reshape(2, -1).T).view(np.uint16).ravel()
+    digest = hashlib.sha256(old.data).hexdigest()
+    old.tofile(out)
+    return digest
+
+
+def one(variant: str, root: Path) -> None:
+    """Time one call of `variant` in this (fresh) process; print the seconds."""
+    base, target, delta = root / "v1.safetensors", root / "v2.safetensors", root / "v2.delta"
+    meta = json.loads((root / "meta.json").read_text())
+    hb, ht, header, offset = meta["base_sha256"], meta["target_sha256"], meta["header"], meta["offset"]
+    calls = {
+        "encode_s": lambda: encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht),
+        "encode_whole_s": lambda: whole_encode(base, target, root / "whole.delta", hb, ht),
+        "apply_s": lambda: apply_delta(base, delta, root / "out", ht, base_verified=True),
+        "apply_whole_s": lambda: whole_apply(base, delta, root / "whole.out", header, offset),
+        "sha256_s": lambda: sha256_file(target),
+    }
+    t0 = time.perf_counter()
+    calls[variant]()
+    print(time.perf_counter() - t0)
+
+
+def timed(variant: str, root: Path, repeats: int) -> float:
+    argv = [sys.executable, __file__, "--one", variant, "--dir", str(root)]
+    return statistics.median(float(subprocess.check_output(argv, text=True).split()[-1]) for _ in range(repeats))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=Path("runs/bench-delta"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: time one call in this process
+    args = ap.parse_args()
+    if args.one:
+        return one(args.one, args.dir)
+    torch.set_num_threads(1)
+    root = args.dir
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    try:
+        trainer = make_trainer(prepare_default_model())
+        files = []
+        for v in range(3):
+            if v:
+                trainer.step(make_groups(4, 8, 12, seed=v), version=v)
+            tensors = trainer.weights_bf16()
+            assert tensors is not None
+            write_weights(tensors, path := root / f"v{v}.safetensors")
+            files.append(path)
+        base, target = files[1], files[2]
+        hb, ht = sha256_file(base), sha256_file(target)
+        delta = root / "v2.delta"
+        header = encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht)
+        offset = len(MAGIC) + 4 + struct.unpack("<I", delta.read_bytes()[len(MAGIC) : len(MAGIC) + 4])[0]
+        whole_encode(base, target, root / "whole.delta", hb, ht)
+        assert (root / "whole.delta").read_bytes()[offset:] == delta.read_bytes()[offset:], "same delta bytes"
+        assert whole_apply(base, delta, root / "whole.out", header, offset) == ht
+        meta = {"base_sha256": hb, "target_sha256": ht, "header": header, "offset": offset}
+        (root / "meta.json").write_text(json.dumps(meta))
+        variants = ("encode_s", "encode_whole_s", "apply_s", "apply_whole_s", "sha256_s")
+        figures = {v: timed(v, root, args.repeats) for v in variants}
+        full = target.stat().st_size
+        print(
+            f"version {full / 1e6:.0f} MB, delta {header['delta_bytes'] / 1e6:.2f} MB "
+            f"({header['delta_bytes'] / full:.2%}), {header['changed'] / header['words']:.2%} of words changed"
+        )
+        print(
+            f"encode  {figures['encode_s']:.3f} s   whole-array {figures['encode_whole_s']:.3f} s   "
+            f"{figures['encode_whole_s'] / figures['encode_s']:.2f}x faster"
+        )
+        print(
+            f"apply   {figures['apply_s']:.3f} s   whole-array {figures['apply_whole_s']:.3f} s   "
+            f"{figures['apply_whole_s'] / figures['apply_s']:.2f}x faster; "
+            f"{figures['apply_s'] / figures['sha256_s']:.2f}x one SHA-256 pass ({figures['sha256_s']:.3f} s)"
+        )
+        print(json.dumps(figures | {"delta_fraction": header["delta_bytes"] / full, "threads": os.cpu_count()}))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
