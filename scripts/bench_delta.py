@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_checkpoint import make_trainer  # noqa: E402
 from bench_train import make_groups  # noqa: E402
 
-from echo2cli.broadcast.delta import MAGIC, apply_delta, encode_delta  # noqa: E402
+from echo2cli.broadcast.delta import MAGIC, apply_delta, encode_delta, read_header  # noqa: E402
 from echo2cli.broadcast.torrent import sha256_file  # noqa: E402
 from echo2cli.learner.trainer import write_weights  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
@@ -122,7 +122,7 @@ def main() -> None:
         hb, ht = sha256_file(base), sha256_file(target)
         delta = root / "v2.delta"
         header = encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht)
-        offset = len(MAGIC) + 4 + struct.unpack("<I", delta.read_bytes()[len(MAGIC) : len(MAGIC) + 4])[0]
+        offset = read_header(delta)[1]
         whole_encode(base, target, root / "whole.delta", hb, ht)
         assert (root / "whole.delta").read_bytes()[offset:] == delta.read_bytes()[offset:], "same delta bytes"
         assert whole_apply(base, delta, root / "whole.out", header, offset) == ht
