@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from echo2cli.errors import ConfigError
+from echo2cli.hardware import parse_cpus
 from echo2cli.plan.model import kappa_problem
 from echo2cli.protocol import MAX_COMPLETION_TOKENS, MAX_PROMPT_TOKENS
 
@@ -50,7 +51,7 @@ class LearnerConfig(_Config):
     """`echo2 learner`."""
 
     HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
-        "Run": "model task out_dir steps seed checkpoint_every torch_threads",
+        "Run": "model task out_dir steps seed checkpoint_every torch_threads train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
         "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
@@ -174,6 +175,11 @@ class LearnerConfig(_Config):
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch default)")
+    train_cpus: str | None = Field(
+        None,
+        description="pin the training loop to these CPUs (e.g. 0 or 0-3); publishing, the API and seeding stay "
+        "unpinned and so run on the CPUs training leaves idle, as they do beside a GPU. Default: no pinning",
+    )
     activation: Literal["cost", "all"] = Field(
         "cost",
         description="cost: the cheapest workers that reach gamma*mu_min generate, the rest stand by; "
@@ -202,6 +208,12 @@ class LearnerConfig(_Config):
                 f"listening on {self.host} without a join token would let anyone who reaches it join "
                 "and send rollouts: pass --token (or --token-file), or --insecure-no-token if you mean it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _train_cpus_parse(self) -> LearnerConfig:
+        if self.train_cpus is not None:
+            parse_cpus(self.train_cpus)  # its ValueError names the bad list
         return self
 
     @model_validator(mode="after")
@@ -438,6 +450,11 @@ class BenchStalenessConfig(_Config):
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     eval_limit: int = Field(200, ge=1, description="held-out problems in each run's final evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")
+    pin_learner: Literal["train", "process"] = Field(
+        "train",
+        description="train: only the learner's training loop has core 0 (publishing and seeding run where cores "
+        "are idle, as beside a GPU); process: the whole learner on core 0 (a one-core learner host)",
+    )
     out_dir: Path = Field(Path("runs/bench-staleness"), description="one run directory per setting and seed here")
 
 

@@ -2,9 +2,12 @@
 
 The learner trains under bf16 autocast and a worker's engine computes in bf16 only where the hardware
 has bf16 (CUDA, or a CPU with AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32.
+`pin_thread` keeps one thread (the learner's training loop) on CPUs of its own.
 """
 
 from __future__ import annotations
+
+import os
 
 
 def has_cuda() -> bool:
@@ -27,3 +30,32 @@ def cpu_has_bf16() -> bool:
 def compute_dtype(cuda: bool) -> str:
     """The engine's dtype when none is asked for."""
     return "bfloat16" if cuda or cpu_has_bf16() else "float32"
+
+
+def parse_cpus(spec: str) -> set[int]:
+    """A CPU list as taskset writes it: "0", "0,2", "0-3" or "0-1,4". ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{spec!r} is not a CPU list (e.g. 0, 0,2 or 0-3)")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"{spec!r}: the range {part.strip()} runs backwards")
+        cpus.update(range(low, high + 1))
+    return cpus
+
+
+def usable_cpus(spec: str) -> set[int]:
+    """`parse_cpus(spec)`, checked against the CPUs this process may run on. ValueError if it names others."""
+    cpus, allowed = parse_cpus(spec), os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        have = ",".join(map(str, sorted(allowed)))
+        raise ValueError(f"CPUs {sorted(cpus - allowed)} are not available to this process (it may use {have})")
+    return cpus
+
+
+def pin_thread(cpus: set[int]) -> None:
+    """Run the calling thread (only it: Linux affinity is per thread) on `cpus`; threads it starts later
+    inherit them. The process's other threads keep their CPUs."""
+    os.sched_setaffinity(0, cpus)

@@ -4,10 +4,14 @@ One run per setting (S, off-policy correction, adaptive or not) and seed: a lear
 processes, exactly as `echo2 demo` starts them, then `echo2 eval --run` on the held-out split. S = 0 is the
 synchronous baseline: the fleet generates one batch per version and the learner waits for it.
 
-Cores are split as hosts would be: the learner runs on core 0 with one torch thread, the workers on the other
-cores (one engine per core, round robin). Every part the demo lets fight over both cores then has its own, so
-the wall-clock difference between S = 0 and S > 0 is the overlap ECHO-2 is about (training one version while
-the fleet generates with older ones) and not a change in how the box is shared.
+Cores are split as hosts would be: the learner's training loop has core 0 to itself with one torch thread (a
+learner's GPU), and the workers the other cores (one engine per core, round robin). The learner's host work
+(writing, hashing and delta-encoding versions, seeding, the API) is not pinned: it runs where a core is idle,
+as it runs on the host's CPUs beside a GPU. `--pin-learner process` puts the whole learner on core 0 instead
+(a learner host of one core, where publishing takes its cycles from training). Every part the demo lets
+fight over both cores then has its own, so the wall-clock difference between S = 0 and S > 0 is the overlap
+ECHO-2 is about (training one version while the fleet generates with older ones and the learner publishes
+the last) and not a change in how the box is shared.
 
 Each row (JSON) holds the reward against step and against wall time, the final held-out greedy accuracy and
 pass@k, and the off-policy health of every step: behaviour KL, importance-weight ESS, clip and truncation
@@ -88,13 +92,15 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         off_policy=setting["off_policy"],
         adaptive_staleness=setting["adaptive"],
         torch_threads=1,
+        train_cpus="0" if CORES > 1 and cfg.pin_learner == "train" else None,
         checkpoint_every=0,
         quiet=True,
     )
     procs: list[subprocess.Popen] = []
     t0 = time.time()
     try:
-        procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log", prefix=_pin(0)))
+        learner_pin = _pin(0) if cfg.pin_learner == "process" else []  # else the learner pins its training loop
+        procs.append(spawn(["learner", *learner_args], out / "logs" / "learner.log", prefix=learner_pin))
         url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
         for i in range(cfg.workers):
             core = 1 + i % (CORES - 1) if CORES > 1 else 0

@@ -35,6 +35,7 @@ from typing import Any
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import LearnerConfig
 from echo2cli.errors import ConfigError, ModelError
+from echo2cli.hardware import pin_thread, usable_cpus
 from echo2cli.launch import announce_learner
 from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
@@ -142,6 +143,10 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
         self.cfg, self.out = cfg, cfg.out_dir
         ensure_writable(self.out, "--out")
+        try:  # checked before anything starts; the training loop pins itself when it starts
+            self.train_cpus = usable_cpus(cfg.train_cpus) if cfg.train_cpus else None
+        except ValueError as exc:
+            raise ConfigError(f"--train-cpus {cfg.train_cpus}: {exc}") from None
         self.run_id, self.start_step = uuid.uuid4().hex[:8], 0
         self.stop = threading.Event()
         self.model_dir = resolve_model(cfg.model)
@@ -247,6 +252,8 @@ class Learner:
 
     def _train(self, t_start: float, on_step: Callable[[dict[str, Any]], None] | None) -> int | None:
         """Steps start..steps-1; the version it stopped at if asked to stop, else None."""
+        if self.train_cpus:
+            pin_thread(self.train_cpus)
         for t in range(self.start_step, self.cfg.steps):
             t0 = time.time()
             groups = self._wait_for_batch(t)
