@@ -68,10 +68,12 @@ def api(tmp_path_factory):
     return app, joined
 
 
-# the schema is read at import (collection) time; the app it comes from is only asked for /openapi.json
+# the schema is read at import (collection) time; the app it comes from is only asked for /openapi.json.
+# Its model directory is removed when the test process exits (TemporaryDirectory's finalizer).
+SCHEMA_DIR = tempfile.TemporaryDirectory(prefix="echo2-fuzz-")
 schema = schemathesis.openapi.from_asgi(
     "/openapi.json",
-    make_app(Path(tempfile.mkdtemp(prefix="echo2-fuzz-"))),
+    make_app(Path(SCHEMA_DIR.name)),
     headers={"Authorization": f"Bearer {TOKEN}"},
 )  # the schema needs a token
 RNG = random.Random(0)

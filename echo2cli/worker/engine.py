@@ -17,7 +17,10 @@ fails there. vLLM is imported lazily: nothing else in echo2 needs it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +35,16 @@ from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV
 # Decode steps come a few ms apart, so generation keeps the fast path; an engine between leases or on standby
 # stops burning a core 50 ms after its last message (vllm_plugin.py; docs/BENCHMARKS.md "Idle engines").
 ENGINE_BUSY_LOOP_S = 0.05
+
+
+def socket_dir() -> None:
+    """Give vLLM's ZMQ sockets (files it names in VLLM_RPC_BASE_PATH, default /tmp, and never removes) one
+    directory per process, removed when the process exits. Set once, so every engine of the process (and the
+    processes each spawns) agrees on it even where vLLM caches its environment."""
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        path = tempfile.mkdtemp(prefix="echo2-vllm-")
+        os.environ["VLLM_RPC_BASE_PATH"] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 
 @dataclass
@@ -124,6 +137,7 @@ class Engine:
         self._reaper = start_reaper()
         if not cuda:  # read by vllm_plugin.py in the processes vLLM starts: idle engines do not spin
             os.environ.setdefault(BUSY_LOOP_ENV, str(ENGINE_BUSY_LOOP_S))
+        socket_dir()
         try:
             self.llm = LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; all mean "this model does not start"
