@@ -102,6 +102,14 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
     return trainer, coord
 
 
+def training_cpus(cfg: LearnerConfig) -> set[int] | None:
+    """The CPUs `--train-cpus` names, if any; ConfigError if this process may not run on all of them."""
+    try:
+        return usable_cpus(cfg.train_cpus) if cfg.train_cpus else None
+    except ValueError as exc:
+        raise ConfigError(f"--train-cpus {cfg.train_cpus}: {exc}") from None
+
+
 def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
     """One process: the plain trainer. Under torchrun: this rank's part of the sharded one (`sharded.py`)."""
     if cfg.torch_threads:
@@ -143,10 +151,7 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
         self.cfg, self.out = cfg, cfg.out_dir
         ensure_writable(self.out, "--out")
-        try:  # checked before anything starts; the training loop pins itself when it starts
-            self.train_cpus = usable_cpus(cfg.train_cpus) if cfg.train_cpus else None
-        except ValueError as exc:
-            raise ConfigError(f"--train-cpus {cfg.train_cpus}: {exc}") from None
+        self.train_cpus = training_cpus(cfg)  # checked before anything starts; pinned when training starts
         self.run_id, self.start_step = uuid.uuid4().hex[:8], 0
         self.stop = threading.Event()
         self.model_dir = resolve_model(cfg.model)

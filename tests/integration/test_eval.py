@@ -67,8 +67,8 @@ def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(tmp_path):
 @pytest.mark.parametrize("task", ["math", "poker"])
 def test_eval_of_each_builtin_task_on_the_default_model(task):
     # vLLM names its ZMQ sockets as files in the temp directory and never removes them (hundreds were left in
-    # /tmp after a test run); the engine's process must leave its temp directory as it found it. (A short
-    # path: a socket's name must fit in 107 bytes.)
+    # /tmp after a test run); the engine's process must leave nothing there but torch's compile cache, which
+    # every run shares. (A short path: a socket's name must fit in 107 bytes.)
     with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
         check(run_eval("--task", task, "--limit", "6", "--k", "2", env={**os.environ, "TMPDIR": tmp}), 6)
-        assert not os.listdir(tmp)
+        assert not [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]
