@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from echo2cli.config import DemoConfig
+
 B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
 
 
@@ -141,7 +143,8 @@ def main() -> None:
     rows_path = a.out / "rows.jsonl"
     done = {r["name"] for r in map(json.loads, rows_path.read_text().splitlines())} if rows_path.exists() else set()
     seeds = [int(s) for s in a.seeds.split(",")]
-    plan = [] if a.skip_echo2 else [("echo2", 5e-5, s) for s in seeds]
+    demo_lr = DemoConfig.model_fields["lr"].default  # the demo runs at its default
+    plan = [] if a.skip_echo2 else [("echo2", demo_lr, s) for s in seeds]
     plan += [("trl", float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
     for side, lr, seed in plan:
         name = f"{side}-lr{lr:g}-seed{seed}"
