@@ -454,6 +454,7 @@ class BenchStalenessConfig(_Config):
         "train",
         description="train: only the learner's training loop has core 0 (publishing and seeding run where cores "
         "are idle, as beside a GPU); process: the whole learner on core 0 (a one-core learner host)",
+    kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
     )
     out_dir: Path = Field(Path("runs/bench-staleness"), description="one run directory per setting and seed here")
 

@@ -88,6 +88,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         staleness=setting["staleness"],
         kappa=1,
         lr=cfg.lr,
+        kl_coef=cfg.kl_coef,
         seed=setting["seed"],
         off_policy=setting["off_policy"],
         adaptive_staleness=setting["adaptive"],
