@@ -230,7 +230,7 @@ class WorkerConfig(_Config):
         "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
         "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s",
         "GPU host": "gpu_memory_utilization tensor_parallel_size max_num_seqs",
-        "Swarm": "bt_listen uplink_mbps downlink_mbps",
+        "Swarm": "bt_listen uplink_mbps downlink_mbps verify_between_leases",
         "This worker": "name work_dir usd_per_hour",
     }
 
@@ -275,6 +275,12 @@ class WorkerConfig(_Config):
         ge=0.0,
         description="cap on this worker's torrent download, Mbit/s, e.g. to "
         "emulate a slow link or leave bandwidth to others (0 = none)",
+    )
+    verify_between_leases: bool = Field(
+        False,
+        description="verify each downloaded version (its SHA-256; a delta rebuilt) between leases, while the engine "
+        "waits, instead of on a thread of its own while it generates (which makes a swap only the reload): for a "
+        "CPU host whose engine needs every core",
     )
     usd_per_hour: float = Field(
         0.0, ge=0.0, description="price of this worker in $/h: the learner activates the cheapest per rollout first"
@@ -448,13 +454,13 @@ class BenchStalenessConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
     eval_limit: int = Field(200, ge=1, description="held-out problems in each run's final evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")
     pin_learner: Literal["train", "process"] = Field(
         "train",
         description="train: only the learner's training loop has core 0 (publishing and seeding run where cores "
         "are idle, as beside a GPU); process: the whole learner on core 0 (a one-core learner host)",
-    kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
     )
     out_dir: Path = Field(Path("runs/bench-staleness"), description="one run directory per setting and seed here")
 

@@ -129,7 +129,8 @@ def summary_table(s: dict[str, Any]) -> Table:
     return table
 
 
-def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
+def run_demo(cfg: DemoConfig, console: Console, worker_flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The demo to its summary; `worker_flags` go to every worker (benchmarks compare worker settings)."""
     out = cfg.out_dir.resolve()
     _clean(out)
     with console.status("preparing the default model (first run only, ~40 s)"):
@@ -137,7 +138,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> dict[str, Any]:
     t0 = time.time()
     procs: list[subprocess.Popen] = []
     try:
-        url = _start(cfg, out, procs, console)
+        url = _start(cfg, out, procs, console, worker_flags)
         _watch(procs, url, out, console)
     finally:
         stop(procs)
@@ -154,7 +155,9 @@ def learner_threads(cores: int, workers: int) -> int:
     return max(1, cores - workers)
 
 
-def _start(cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: Console) -> str:
+def _start(
+    cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: Console, worker_flags: tuple[str, ...]
+) -> str:
     """The learner, then the workers, each engine pinned to its own core; the learner's URL."""
     learner_args = flags(
         out=out,
@@ -175,7 +178,7 @@ def _start(cfg: DemoConfig, out: Path, procs: list[subprocess.Popen], console: C
     for i in range(cfg.workers):
         args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
         env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))}
-        procs.append(spawn(["worker", *args], out / "logs" / f"worker{i}.log", env=env))
+        procs.append(spawn(["worker", *args, *worker_flags], out / "logs" / f"worker{i}.log", env=env))
     return url
 
 

@@ -193,11 +193,14 @@ class Heartbeat(_Msg):
     ready_version: int = Field(
         default=-1,
         ge=-1,
-        description="a version fully downloaded (pieces verified), "
+        description="a version downloaded and verified (its SHA-256, a delta rebuilt), "
         "waiting for the lease in progress to end before it is loaded",
     )
     swap_s: float = Field(
-        default=0.0, ge=0.0, description="the last swap's work: hash check or delta rebuild, plus the engine reload"
+        default=0.0,
+        ge=0.0,
+        description="the last swap's stall: the engine reload (plus the hash check or delta rebuild, for a "
+        "worker that does them between leases)",
     )
 
 

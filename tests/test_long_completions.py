@@ -79,7 +79,7 @@ def test_completions_that_reach_the_cap_are_counted_as_truncated():
 
 def worker(tmp_path, learner, **cfg) -> Worker:
     w = Worker(
-        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", **cfg),
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", verify_between_leases=True, **cfg),
         client=learner,
         make_node=lambda key: FakeNode(learner.published.root),
         make_engine=FakeEngine,

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from worker_fakes import FakeEngine, FakeLearner, FakeNode, Published
@@ -24,10 +26,11 @@ def learner(tmp_path):
     return FakeLearner(published)
 
 
-def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode) -> Worker:
-    """A worker that joined: its torrent session and version store are open, nothing fetched yet."""
+def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode, prepare_thread: bool = False) -> Worker:
+    """A worker that joined: its torrent session and version store are open, nothing fetched yet. Without
+    `prepare_thread` downloads are verified between leases, so each `_work_once` does a known part of the work."""
     worker = Worker(
-        WorkerConfig(join="http://learner", work_dir=tmp_path / "w"),
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", verify_between_leases=not prepare_thread),
         client=learner,
         make_node=lambda key: node,
         make_engine=FakeEngine,
@@ -36,9 +39,9 @@ def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode) -> Worker:
     return worker
 
 
-def started_worker(tmp_path, learner: FakeLearner) -> Worker:
+def started_worker(tmp_path, learner: FakeLearner, prepare_thread: bool = False) -> Worker:
     """A worker that joined and started its engine on the learner's latest version."""
-    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root))
+    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root), prepare_thread)
     worker._start(worker.join_info)
     return worker
 
@@ -96,6 +99,77 @@ def test_a_file_that_fails_its_sha256_is_rechecked_once_then_refused(tmp_path, l
     with pytest.raises(BroadcastError, match="SHA-256"):
         worker._work_once(Stats())
     assert worker.store.loaded == 0
+
+
+def until(condition, what: str, timeout_s: float = 30.0) -> None:
+    """Wait for the prepare thread: a bound on a hang, not a measure of speed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def test_a_delta_is_rebuilt_on_the_prepare_thread_while_leases_go_on_and_the_swap_is_only_the_reload(
+    tmp_path, learner, monkeypatch
+):
+    entered, gate, threads = threading.Event(), threading.Event(), []
+
+    def held_rebuild(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        entered.set()
+        gate.wait()
+        return versions_apply_delta(*args, **kwargs)
+
+    versions_apply_delta = versions.apply_delta
+    monkeypatch.setattr(versions, "apply_delta", held_rebuild)
+    worker = started_worker(tmp_path, learner, prepare_thread=True)
+    try:
+        publish(learner, 1)
+        worker._work_once(Stats())  # the lease reply announces v1: its delta is fetched
+        until(entered.is_set, "the rebuild started")
+        item = PromptItem(prompt_id=7, prompt_token_ids=[1, 2, 3])
+        lease = Lease(lease_id="l1", version=0, prompts=[item], deadline_s=60)
+        learner.lease_answers.append(LeaseResponse(status="ok", latest_version=1, lease=lease))
+        stats = Stats()
+        worker._work_once(stats)  # mid-rebuild: the lease is generated with v0, nothing waits for the rebuild
+        assert stats.leases == 1 and worker.store.loaded == 0 and worker.engine.reloads == []
+        gate.set()
+        until(worker.store.ready, "v1 verified")
+        worker._work_once(Stats())
+        assert worker.store.loaded == 1 and worker.engine.reloads == [VersionKey(1).dir(worker.store.root)]
+        assert threads == ["prepare"] and loads(worker)[-1]["via"] == "delta"
+        assert worker.store.weights(1).read_bytes() == VersionKey(1).path(learner.published.root).read_bytes()
+    finally:
+        gate.set()
+        worker.stop.set()
+
+
+def test_a_file_that_fails_its_sha256_on_the_prepare_thread_is_refused_in_the_main_loop(tmp_path, learner):
+    worker = started_worker(tmp_path, learner, prepare_thread=True)
+    try:
+        publish(learner, 1, delta=False)
+        VersionKey(1).path(learner.published.root).write_bytes(b"\0" * 16)
+        with pytest.raises(BroadcastError, match="SHA-256"):
+            until(lambda: worker._work_once(Stats()) and False, "the mismatch reported")
+        assert worker.store.loaded == 0
+    finally:
+        worker.stop.set()
+
+
+def test_a_version_dropped_while_it_is_rebuilt_is_not_marked_verified(tmp_path, learner, monkeypatch):
+    # A learner resumed behind us while the prepare thread rebuilt v1: the outcome belongs to a version gone.
+    worker = started_worker(tmp_path, learner)
+    publish(learner, 1)
+    worker._work_once(Stats())
+    pending = worker.store.pending
+
+    def resumed_meanwhile(*args, **kwargs):
+        worker.store.go_back(learner.published.policies[0])
+        return 0.5
+
+    monkeypatch.setattr(worker.store, "_verify", resumed_meanwhile)
+    worker.store.prepare()
+    assert worker.store.pending is not pending and not worker.store.ready() and worker.store._verified == -1
 
 
 def test_a_late_joiner_starts_on_the_newest_version_once_its_first_download_stalls(tmp_path, learner, monkeypatch):

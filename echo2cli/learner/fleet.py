@@ -54,7 +54,7 @@ class WorkerRecord:
     admitted: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # (samples, s)
     generated: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MU_WINDOW))  # valid ones
     first_seen_with: dict[int, float] = field(default_factory=dict)  # version -> coordinator clock
-    first_ready_with: dict[int, float] = field(default_factory=dict)  # downloaded, not yet loaded
+    first_ready_with: dict[int, float] = field(default_factory=dict)  # verified, not yet loaded
 
     @property
     def warm(self) -> bool:

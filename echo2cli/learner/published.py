@@ -2,7 +2,7 @@
 
 Per version v, once every worker of v's fleet generates with v or newer:
     T_bcast(v) = publish -> the last of them generating with it (`bcast_s`);
-    T_ready(v) = publish -> the last of them holding it downloaded, plus the slowest one's swap work
+    T_ready(v) = publish -> the last of them holding it verified, plus the slowest one's swap stall
                  (`ready_s`): T_bcast without the wait for a lease in progress to end. This is the capacity
                  model's T_bcast, since the model accounts for whole leases itself.
 v's fleet: the active workers that were already generating when v was published (all active workers if none

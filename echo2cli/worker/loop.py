@@ -5,6 +5,8 @@
     a newer version announced (lease reply or heartbeat)? start fetching it at once, in the background
     (libtorrent threads), so it downloads while the current lease generates; a download in progress is
     finished first, from the first fetch on, while the engine is not even started (versions.py)
+    a download complete? the prepare thread hashes it (a delta: rebuilds it) while the engine still
+    generates, so the swap between leases is only the engine's reload
     Ctrl-C / SIGTERM / learner finished: hand back leases, leave, stop.
     learner gone: retry with backoff for up to learner_restart_s; when it is back (resumed from a
     checkpoint, same run id) join again and go on with the engine and versions held. If it resumed at a
@@ -54,6 +56,7 @@ from echo2cli.worker.engine import Completion
 from echo2cli.worker.trust import safe_model_file
 from echo2cli.worker.versions import VersionStore
 
+PREPARE_POLL_S = 0.1  # how often the prepare thread looks for a complete download
 DEFAULT_CONTEXT_LEN = 1024  # the engine's context when neither --max-model-len nor the learner says
 
 
@@ -123,7 +126,7 @@ class Worker:
         self.engine: EngineLike | None = None
         self.context_len = 0  # the engine's: --max-model-len, else the run's (join answer); 0 until it starts
         self.worker_id = ""
-        self.swap_s = 0.0  # the last swap's work: hash check or rebuild, plus the reload
+        self.swap_s = 0.0  # the last swap's stall: the reload (plus hash check or rebuild: verify_between_leases)
         self.tokens_per_s = 0.0
         self.stop = threading.Event()
         self.standby = False
@@ -195,6 +198,8 @@ class Worker:
         self.store.record_load(self.worker_id, first, 0.0, t_swap=0.0)
         self._send_heartbeat()
         self.console.log(f"engine up with version {first.policy.version}")
+        if not self.cfg.verify_between_leases:
+            threading.Thread(target=self._prepare_loop, daemon=True, name="prepare").start()
 
     def _prepare_engine_dir(self, info: JoinResponse) -> Path:
         engine_dir = self.work_dir / "engine"
@@ -210,7 +215,16 @@ class Worker:
         while not self.store.ready():
             if self.stop.is_set():
                 raise KeyboardInterrupt
-            time.sleep(0.05)
+            self.store.prepare()  # returns at once while the prepare thread is at it
+            if not self.store.ready():
+                time.sleep(0.05)
+
+    def _prepare_loop(self) -> None:
+        """Verify each complete download (hash it, or rebuild a delta) while the engine generates with the
+        version it runs, so the swap between leases is only the reload."""
+        assert self.store is not None
+        while not self.stop.wait(PREPARE_POLL_S):
+            self.store.prepare()
 
     def _follow(self, latest: int, block: bool = True) -> None:
         assert self.store is not None
@@ -221,6 +235,8 @@ class Worker:
         assert self.store is not None and self.engine is not None
         with self.store.lock:  # no fetch starts halfway through a swap
             t0 = time.perf_counter()
+            if self.cfg.verify_between_leases:
+                self.store.prepare()
             if self.store.pending is None or not self.store.ready():
                 return
             version = self.store.pending.policy.version
@@ -228,7 +244,7 @@ class Worker:
             pending = self.store.take()  # after the reload: a heartbeat meanwhile still reports the old version
             self._link_weights(version)
             self.swap_s = time.perf_counter() - t0
-            self.store.record_load(self.worker_id, pending, t_reload)
+            self.store.record_load(self.worker_id, pending, t_reload, t_stall=self.swap_s)
             self.console.log(f"loaded version {version} (reload {t_reload:.2f} s)")
             self._send_heartbeat()
             self.store.prune(self.join_info.staleness)

@@ -2,8 +2,10 @@
 
     start(policy)   check the .torrent against the announcement (trust.py), then fetch the delta if the version
                     it applies to is the one loaded and verified, else the full version (the fetch slot first)
-    ready()         complete and verified: libtorrent checked every piece, then the whole file's SHA-256 (a delta
-                    is rebuilt and checked against the version's SHA-256, then seeded as the full version)
+    prepare()       once the download is complete, verify it: libtorrent checked every piece, then the whole file's
+                    SHA-256 (a delta is rebuilt and checked against the version's SHA-256, then seeded as the full
+                    version). The worker runs it on its own thread, so the engine generates meanwhile.
+    ready()         the pending version is verified: the swap is only the reload
     take()          the engine now runs it (record_load: a line of events.jsonl); prune(S) deletes versions older
                     than S + 1 behind it
     follow(latest)  a newer version was announced: fetch it once nothing is in progress, or once the download in
@@ -12,8 +14,9 @@
                     steps, and abandoning it for each newer one would never finish anything.
     go_back(policy) the learner resumed from a checkpoint older than our versions: they no longer exist
 
-Every method but `heartbeat_fields` takes `lock`: the worker's main loop (swaps, leases) and its heartbeat thread
-(`follow`) share the store. The worker holds it across a whole swap so no fetch starts halfway.
+Every method but `ready` and `heartbeat_fields` takes `lock`: the worker's main loop (swaps, leases), its heartbeat
+thread (`follow`) and its prepare thread share the store. The worker holds it across a whole swap so no fetch
+starts halfway; `prepare` lets go of it while it hashes or rebuilds.
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ class VersionStore:
         self.pending: Pending | None = None
         self._verified = -1  # version whose file SHA-256 has been checked
         self._rechecked = -1  # version whose pieces were re-checked after a SHA-256 mismatch
+        self._preparing = False  # a thread is hashing or rebuilding the pending version (without the lock)
+        self._failure: BaseException | None = None  # what `prepare` could not recover from, raised by `ready`
         self._t_rebuild = 0.0
+        self._verified_at = 0.0  # when `_verified` was last set
 
     def weights(self, version: int) -> Path:
         return VersionKey(version).path(self.root)
@@ -131,58 +137,92 @@ class VersionStore:
             return time.monotonic() - since > FETCH_STALL_S
 
     def ready(self) -> bool:
-        """Poll the swarm; True once the pending version is complete and its SHA-256 verified."""
+        """The pending version is complete and verified: `prepare` did the work. Raises what `prepare` could not
+        recover from (a file whose every piece verified but whose SHA-256 is wrong, a full disk)."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        pending = self.pending
+        return pending is not None and self._verified == pending.policy.version
+
+    def prepare(self) -> None:
+        """Poll the swarm and, once the pending version is complete, verify it: rebuild a delta against the
+        loaded version, or hash the full file. The hashing and rebuilding run without the lock, so the worker
+        keeps generating (and its heartbeat keeps following) meanwhile; a caller finding another thread at it
+        returns at once. `ready()` tells the outcome, and raises what went wrong here (the prepare thread has no
+        one else to tell)."""
+        try:
+            self._prepare()
+        except Exception as exc:
+            self._failure = exc
+
+    def _prepare(self) -> None:
         with self.lock:
             self.node.poll()
-            if self.pending is None:  # a stalled fetch was dropped and its successor not started yet
-                return False
-            policy = self.pending.policy
-            if self._verified == policy.version:
-                return True
-            self.node.check(self.pending.key)
-            if self.node.transfers[self.pending.key].finished_at is None:
-                return False
-            verified = self._rebuild(policy) if self.pending.via is Via.DELTA else self._check_sha256(policy)
-            if verified:
-                self._verified = policy.version  # hash it once, not again when the swap follows a wait
-            return verified
+            pending = self.pending
+            if pending is None or self._preparing or self._verified == pending.policy.version:
+                return
+            self.node.check(pending.key)
+            if self.node.transfers[pending.key].finished_at is None:
+                return
+            self._preparing = True
+        try:
+            outcome: BaseException | float | bool = self._verify(pending)
+        except Exception as exc:
+            outcome = exc
+        with self.lock:
+            self._preparing = False
+            if self.pending is pending:  # not dropped or replaced while we worked
+                self._settle(pending, outcome)
 
-    def _check_sha256(self, policy: PolicyInfo) -> bool:
-        if sha256_file(self.weights(policy.version)) == policy.sha256:
-            return True
-        # libtorrent verified the pieces, so the file changed on disk: a recheck repairs it. Verified again and
-        # still wrong, the torrent itself does not describe the announced file: refuse the learner.
+    def _verify(self, pending: Pending) -> float | bool:
+        """The complete file's check, lock-free (it touches files only): a delta's rebuild seconds (apply_delta
+        checks the SHA-256), or whether the full file's SHA-256 is the announced one."""
+        policy = pending.policy
+        if pending.via is Via.FULL:
+            return sha256_file(self.weights(policy.version)) == policy.sha256
+        assert policy.delta_base is not None
+        t0 = time.perf_counter()
+        apply_delta(
+            self.weights(policy.delta_base),
+            VersionKey(policy.version, delta=True).path(self.root),
+            self.weights(policy.version),
+            expected_sha256=policy.sha256,
+            base_verified=True,
+        )
+        return time.perf_counter() - t0
+
+    def _settle(self, pending: Pending, outcome: BaseException | float | bool) -> None:
+        """Act on `_verify`'s outcome, under the lock (the torrent session is touched only under it)."""
+        policy = pending.policy
+        if isinstance(outcome, BroadcastError) and pending.via is Via.DELTA:
+            self.log(f"delta for version {policy.version} unusable ({outcome}); fetching the full version")
+            delta = VersionKey(policy.version, delta=True)
+            self.node.remove(delta, delete_dir=delta.dir(self.root))
+            self.pending = Pending(policy, Via.FULL)
+            self.node.fetch(VersionKey(policy.version), TorrentFile.from_b64(policy.torrent_b64).data, self.root)
+        elif isinstance(outcome, BaseException):
+            self._failure = outcome
+        elif outcome is False:
+            self._mismatch(policy)
+        else:
+            if pending.via is Via.DELTA:
+                self._t_rebuild = float(outcome)
+                self.node.seed(VersionKey(policy.version), TorrentFile.from_b64(policy.torrent_b64).data, self.root)
+            self._verified = policy.version  # hash it once, not again when the swap follows a wait
+            self._verified_at = time.time()
+
+    def _mismatch(self, policy: PolicyInfo) -> None:
+        """libtorrent verified the pieces, so the file changed on disk: a recheck repairs it. Verified again and
+        still wrong, the torrent itself does not describe the announced file: refuse the learner."""
         if self._rechecked == policy.version:
-            raise BroadcastError(
+            self._failure = BroadcastError(
                 f"version {policy.version}: every piece verified, but the file's SHA-256 is not the one the learner "
                 "announced: its torrent and its hash disagree"
             )
+            return
         self._rechecked = policy.version
         self.node.recheck(VersionKey(policy.version))
-        return False
-
-    def _rebuild(self, policy: PolicyInfo) -> bool:
-        """The delta is here: rebuild the full file (apply_delta checks its SHA-256), then seed it too."""
-        assert policy.delta_base is not None and self.pending is not None
-        t0 = time.perf_counter()
-        full, delta = VersionKey(policy.version), VersionKey(policy.version, delta=True)
-        try:
-            apply_delta(
-                self.weights(policy.delta_base),
-                delta.path(self.root),
-                full.path(self.root),
-                expected_sha256=policy.sha256,
-                base_verified=True,
-            )
-        except BroadcastError as exc:
-            self.log(f"delta for version {policy.version} unusable ({exc}); fetching the full version")
-            self.node.remove(delta, delete_dir=delta.dir(self.root))
-            self.pending = Pending(policy, Via.FULL)
-            self.node.fetch(full, TorrentFile.from_b64(policy.torrent_b64).data, self.root)
-            return False
-        self._t_rebuild = time.perf_counter() - t0
-        self.node.seed(full, TorrentFile.from_b64(policy.torrent_b64).data, self.root)
-        return True
 
     def _drop(self, version: int) -> None:
         for key in (VersionKey(version), VersionKey(version, delta=True)):
@@ -198,16 +238,20 @@ class VersionStore:
             self.loaded = pending.policy.version
             return pending
 
-    def record_load(self, worker_id: str, pending: Pending, t_reload: float, t_swap: float | None = None) -> None:
+    def record_load(
+        self, worker_id: str, pending: Pending, t_reload: float, t_swap: float | None = None, t_stall: float = 0.0
+    ) -> None:
         """A line of events.jsonl. `t_swap`: from the last piece verified to the engine generating with the version
-        (None: until now)."""
+        (None: until now); `t_stall`: how long the swap kept the engine from generating."""
         transfer = self.node.transfers.get(pending.key) or self.node.transfers[VersionKey(pending.policy.version)]
         if t_swap is None:
             t_swap = time.time() - (transfer.finished_at or time.time())
-        self.events.write(self._load_event(worker_id, pending, transfer, t_reload, t_swap))
+        event = self._load_event(worker_id, pending, transfer, t_reload, t_swap)
+        self.events.write(event | {"t_stall_s": t_stall})
 
     def _load_event(self, worker_id: str, pending: Pending, transfer: Any, t_reload: float, t_swap: float) -> dict:
         policy = pending.policy
+        finished = transfer.finished_at or time.time()
         return {
             "event": "loaded",
             "worker_id": worker_id,
@@ -219,8 +263,9 @@ class VersionStore:
             "downloaded_bytes": self.node.download_bytes(pending.key),
             "size_bytes": policy.size_bytes,
             "hash_failures": transfer.hash_failures,
-            "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
+            "t_download_s": finished - transfer.started,
             "t_rebuild_s": self._t_rebuild if pending.via is Via.DELTA else 0.0,
+            "t_verify_s": max(0.0, self._verified_at - finished),  # last piece -> verified: hash or rebuild
             "t_reload_s": t_reload,
             "t_swap_s": t_swap,
             "time": time.time(),
@@ -254,12 +299,12 @@ class VersionStore:
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the learner is told about our downloads. Read without the lock (a heartbeat must not wait for a
-        swap or a hash check): `pending` is read once."""
+        swap): `pending` is read once."""
         pending = self.pending
         progress = min(1.0, self.node.progress(pending.key)) if pending else 0.0
         return {
             "downloading_version": pending.policy.version if pending else None,
             "download_progress": progress,
-            "ready_version": pending.policy.version if pending and progress >= 1.0 else -1,
+            "ready_version": pending.policy.version if pending and self._verified == pending.policy.version else -1,
             "upload_bytes": self.node.upload_bytes(),
         }
