@@ -1,5 +1,6 @@
-"""Delta encode (learner) and rebuild (worker) on real versions of the default model, against the whole-file
-passes they replaced and a lower bound, all measured in the same run.
+"""Delta size, encode (learner) and rebuild (worker) on real versions of the default model, against the
+previous format (a bitmap of the changed words and their XOR, computed on whole arrays) and a lower bound, all
+measured in the same run.
 
     taskset -c 0 .venv/bin/python scripts/bench_delta.py [--repeats 3] [--dir runs/bench-delta]
 
@@ -8,9 +9,10 @@ batch of random tokens each): v1 -> v2 is a second step, as in a run. Each call 
 (median of the repeats): the publisher and the worker call these once per version, between other work, on
 memory not yet touched; repeated in one process, the whole-array passes reuse already-faulted memory and look
 several times cheaper than they are in a run.
-  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the same format computed on whole
-           arrays (the files read whole, compared, indexed and XORed whole: echo2's earlier encoder)
-  apply    `apply_delta` on a verified base (the worker's case: rebuild, hash, write) vs whole arrays
+  size     the delta's bytes ÷ the version's, against the previous format's
+  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the previous format on whole
+           arrays (the files read whole, compared, indexed and XORed whole)
+  apply    `apply_delta` on a verified base (the worker's case: rebuild, hash, write) vs the previous format
   bound    one SHA-256 pass over the target file: a rebuild must at least hash what it writes
 Run it pinned to one core (`taskset -c 0`, one torch thread): the learner of `echo2 bench staleness` runs so,
 and on one core the background publish competes with training for the same cycles.
@@ -37,14 +39,23 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_checkpoint import make_trainer  # noqa: E402
 from bench_train import make_groups  # noqa: E402
 
-from echo2cli.broadcast.delta import MAGIC, apply_delta, encode_delta, read_header  # noqa: E402
+from echo2cli.broadcast.delta import apply_delta, encode_delta  # noqa: E402
 from echo2cli.broadcast.torrent import sha256_file  # noqa: E402
 from echo2cli.learner.trainer import write_weights  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
 
+PREVIOUS_MAGIC = b"ECHO2DELTA1\n"
+
+
+def read_header_v1(delta: Path) -> tuple[dict, int]:
+    data = delta.read_bytes()
+    (n,) = struct.unpack("<I", data[len(PREVIOUS_MAGIC) : len(PREVIOUS_MAGIC) + 4])
+    return json.loads(data[len(PREVIOUS_MAGIC) + 4 : len(PREVIOUS_MAGIC) + 4 + n]), len(PREVIOUS_MAGIC) + 4 + n
+
 
 def whole_encode(base: Path, target: Path, out: Path, base_sha256: str, target_sha256: str) -> None:
-    """The same delta, computed on whole arrays (the encoder this one replaced)."""
+    """The previous format (zstd of the bitmap of changed words, and of their XOR as two byte planes), computed
+    on whole arrays."""
     import zstandard
 
     old, new = np.fromfile(base, np.uint16), np.fromfile(target, np.uint16)
@@ -55,11 +66,11 @@ def whole_encode(base: Path, target: Path, out: Path, base_sha256: str, target_s
     blobs = [z.compress(np.packbits(changed).tobytes()), z.compress(np.ascontiguousarray(planes).tobytes())]
     header = {"words": int(new.size), "changed": int(xor.size), "blob_bytes": [len(b) for b in blobs]}
     raw = json.dumps(header | {"base_sha256": base_sha256, "target_sha256": target_sha256}).encode()
-    out.write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
+    out.write_bytes(PREVIOUS_MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
 
 
 def whole_apply(base: Path, delta: Path, out: Path, header: dict, offset: int) -> str:
-    """The rebuild on whole arrays (the one this replaced): read, patch, hash, write."""
+    """The previous format's rebuild on whole arrays: read, patch, hash, write."""
     import zstandard
 
     old = np.fromfile(base, np.uint16)
@@ -83,7 +94,7 @@ def one(variant: str, root: Path) -> None:
         "encode_s": lambda: encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht),
         "encode_whole_s": lambda: whole_encode(base, target, root / "whole.delta", hb, ht),
         "apply_s": lambda: apply_delta(base, delta, root / "out", ht, base_verified=True),
-        "apply_whole_s": lambda: whole_apply(base, delta, root / "whole.out", header, offset),
+        "apply_whole_s": lambda: whole_apply(base, root / "whole.delta", root / "whole.out", header, offset),
         "sha256_s": lambda: sha256_file(target),
     }
     t0 = time.perf_counter()
@@ -122,29 +133,33 @@ def main() -> None:
         hb, ht = sha256_file(base), sha256_file(target)
         delta = root / "v2.delta"
         header = encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht)
-        offset = read_header(delta)[1]
-        whole_encode(base, target, root / "whole.delta", hb, ht)
-        assert (root / "whole.delta").read_bytes()[offset:] == delta.read_bytes()[offset:], "same delta bytes"
-        assert whole_apply(base, delta, root / "whole.out", header, offset) == ht
-        meta = {"base_sha256": hb, "target_sha256": ht, "header": header, "offset": offset}
+        assert apply_delta(base, delta, root / "out", ht, base_verified=True) == ht
+        whole_encode(base, target, whole := root / "whole.delta", hb, ht)
+        whole_header, whole_offset = read_header_v1(whole)
+        assert whole_apply(base, whole, root / "whole.out", whole_header, whole_offset) == ht
+        previous_bytes = whole.stat().st_size
+        meta = {"base_sha256": hb, "target_sha256": ht, "header": whole_header, "offset": whole_offset}
         (root / "meta.json").write_text(json.dumps(meta))
         variants = ("encode_s", "encode_whole_s", "apply_s", "apply_whole_s", "sha256_s")
         figures = {v: timed(v, root, args.repeats) for v in variants}
         full = target.stat().st_size
         print(
-            f"version {full / 1e6:.0f} MB, delta {header['delta_bytes'] / 1e6:.2f} MB "
-            f"({header['delta_bytes'] / full:.2%}), {header['changed'] / header['words']:.2%} of words changed"
+            f"version {full / 1e6:.0f} MB, {header['changed'] / header['words']:.2%} of words changed; delta "
+            f"{header['delta_bytes'] / 1e6:.2f} MB ({header['delta_bytes'] / full:.2%}), previous format "
+            f"{previous_bytes / 1e6:.2f} MB ({previous_bytes / full:.2%}): "
+            f"{header['delta_bytes'] / previous_bytes:.3f}x"
         )
         print(
-            f"encode  {figures['encode_s']:.3f} s   whole-array {figures['encode_whole_s']:.3f} s   "
+            f"encode  {figures['encode_s']:.3f} s   previous {figures['encode_whole_s']:.3f} s   "
             f"{figures['encode_whole_s'] / figures['encode_s']:.2f}x faster"
         )
         print(
-            f"apply   {figures['apply_s']:.3f} s   whole-array {figures['apply_whole_s']:.3f} s   "
+            f"apply   {figures['apply_s']:.3f} s   previous {figures['apply_whole_s']:.3f} s   "
             f"{figures['apply_whole_s'] / figures['apply_s']:.2f}x faster; "
             f"{figures['apply_s'] / figures['sha256_s']:.2f}x one SHA-256 pass ({figures['sha256_s']:.3f} s)"
         )
-        print(json.dumps(figures | {"delta_fraction": header["delta_bytes"] / full, "threads": os.cpu_count()}))
+        fractions = {"delta_fraction": header["delta_bytes"] / full, "previous_fraction": previous_bytes / full}
+        print(json.dumps(figures | fractions | {"threads": os.cpu_count()}))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -68,53 +70,83 @@ def test_delta_needs_the_same_layout(tmp_path):
         encode_delta(tmp_path / "a", tmp_path / "b", tmp_path / "d")
 
 
-def test_chunked_passes_match_a_whole_file_xor(tmp_path, monkeypatch):
-    """Chunks of 64 words over a file of 1,003 words (not a multiple of 8 or of the chunk): same bitmap and XOR
-    bytes as computing them over the whole file at once, and the rebuild is exact."""
-    import zstandard
-
+def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypatch):
+    """Chunks of 512 words over a file of 2,003 (the last chunk partial): one-step moves, arbitrary new words
+    (sign flips, other exponents), +0 <-> -0, the extremes, a run of unchanged words longer than a gap byte holds,
+    and a change in the last word."""
     from echo2cli.broadcast import delta as delta_module
 
-    monkeypatch.setattr(delta_module, "CHUNK_WORDS", 64)
+    monkeypatch.setattr(delta_module, "CHUNK_WORDS", 512)
     rng = np.random.default_rng(1)
-    old = rng.integers(0, 1 << 16, size=1003, dtype=np.uint16)
+    old = rng.integers(0, 1 << 16, size=2003, dtype=np.uint16)
+    old[[10, 11, 12, 13]] = [0x0000, 0x8000, 0x7FFF, 0xFFFF]
     new = old.copy()
-    new[rng.choice(old.size, 90, replace=False)] ^= 3
-    new[-1] ^= 1  # the last, partial chunk changes too
+    new[[10, 11, 12, 13]] = [0x8000, 0x0000, 0xFFFF, 0x7FFF]
+    small = rng.choice(np.arange(20, 500), 60, replace=False)
+    new[small] = delta_module.from_position(delta_module.position(old[small]).clip(-32767, 32766) + 1)
+    new[rng.choice(np.arange(1200, 1500), 30, replace=False)] = rng.integers(0, 1 << 16, 30, dtype=np.uint16)
+    new[-1] ^= 1  # words 500-1199 and 1500-2001 do not change: gaps of 255 and more, in and across chunks
     old.tofile(base := tmp_path / "a")
     new.tofile(target := tmp_path / "b")
     header = encode_delta(base, target, tmp_path / "d")
-    _, offset = delta_module.read_header(tmp_path / "d")
-    data = (tmp_path / "d").read_bytes()[offset:]
-    z = zstandard.ZstdDecompressor()
-    bits, planes = z.decompress(data[: header["blob_bytes"][0]]), z.decompress(data[header["blob_bytes"][0] :])
-    changed = old != new
-    assert bits == np.packbits(changed).tobytes()
-    assert planes == np.ascontiguousarray((old[changed] ^ new[changed]).view(np.uint8).reshape(-1, 2).T).tobytes()
+    assert header["changed"] == int(np.count_nonzero(old != new))
+    streams = delta_module._streams(tmp_path / "d", *delta_module.read_header(tmp_path / "d"))
+    assert streams["long"].size > 0 and streams["steps"].size > 0 and streams["counts"].tolist()[1:3] == [0, 30]
     assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
     assert (tmp_path / "out").read_bytes() == target.read_bytes()
 
 
-def test_a_delta_whose_bitmap_disagrees_with_its_header_is_refused(versions, tmp_path):
-    """A hostile delta: valid zstd, header sizes right, but its bitmap marks one word more than it carries."""
+def test_position_orders_bf16_by_value_and_round_trips():
+    from echo2cli.broadcast.delta import from_position, position
+
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    pos = position(words)
+    assert (from_position(pos) == words).all() and np.unique(pos).size == 1 << 16
+    assert pos.min() == -(1 << 15) and pos.max() == (1 << 15) - 1
+    values = (words.astype(np.uint32) << 16).view(np.float32)
+    order = np.argsort(pos)
+    ordered = values[order][~np.isnan(values[order])]
+    assert (np.diff(ordered) >= 0).all()  # one step up in position is one unit in the last place up in value
+
+
+def test_a_delta_whose_streams_disagree_with_its_header_is_refused(versions, tmp_path):
+    """Hostile deltas: valid zstd, but the header's count is off by one, or the gaps run past their chunk."""
     import json
     import struct
 
     import zstandard
 
-    from echo2cli.broadcast.delta import MAGIC, read_header
+    from echo2cli.broadcast.delta import MAGIC, STREAMS, read_header
 
     base, target = versions
     encode_delta(base, target, tmp_path / "d")
     header, offset = read_header(tmp_path / "d")
     data = (tmp_path / "d").read_bytes()[offset:]
-    z = zstandard.ZstdDecompressor()
-    bits = bytearray(z.decompress(data[: header["blob_bytes"][0]]))
-    bits[bits.index(0)] = 1  # one more changed word, no XOR value for it
-    blobs = [zstandard.ZstdCompressor().compress(bytes(bits)), data[header["blob_bytes"][0] :]]
-    header["blob_bytes"] = [len(b) for b in blobs]
-    raw = json.dumps(header).encode()
-    (tmp_path / "bad").write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
-    with pytest.raises(BroadcastError, match="inconsistent"):
-        apply_delta(base, tmp_path / "bad", tmp_path / "out")
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+    ends = np.cumsum(header["blob_bytes"])
+    blobs = [data[end - size : end] for end, size in zip(ends, header["blob_bytes"], strict=True)]
+
+    def write(header: dict, blobs: list[bytes]) -> Path:
+        raw = json.dumps(header | {"blob_bytes": [len(b) for b in blobs]}).encode()
+        (tmp_path / "bad").write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
+        return tmp_path / "bad"
+
+    gaps = STREAMS.index("gaps")
+    long_gaps = bytearray(zstandard.ZstdDecompressor().decompress(blobs[gaps]))
+    long_gaps[:2000] = b"\xfe" * 2000  # 2,000 gaps of 254 reach past the first chunk
+    for bad in (
+        write(header | {"changed": header["changed"] + 1}, blobs),
+        write(header, [*blobs[:gaps], zstandard.ZstdCompressor().compress(bytes(long_gaps)), *blobs[gaps + 1 :]]),
+    ):
+        with pytest.raises(BroadcastError, match="inconsistent"):
+            apply_delta(base, bad, tmp_path / "out")
+        assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+
+
+def test_a_step_reports_the_newest_delta_written_not_the_one_still_encoding():
+    """The version a step publishes is encoded in the background after the step is recorded: the step's metrics
+    carry the newest delta already written (before, they looked up the one still encoding and never found it)."""
+    from echo2cli.learner.records import delta_metrics
+
+    assert delta_metrics({}) == {}
+    stats = {v: {"delta_bytes": 3.0 * v, "full_bytes": 100.0, "encode_s": 0.5} for v in (1, 2)}
+    assert delta_metrics(stats) == {"bcast/delta_version": 2, "bcast/delta_ratio": 0.06, "bcast/delta_encode_s": 0.5}

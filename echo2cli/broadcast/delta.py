@@ -2,16 +2,23 @@
 
 With a small learning rate, one optimizer step moves most bf16 weights by less than half a unit in
 the last place, so they round to the same 16 bits: measured on the default model at lr 5e-5, about
-5 % of the 16-bit words change per step. The delta stores
+5 % of the 16-bit words change per step, and 84 % of those by exactly one unit in the last place. The delta
+stores, for the changed words in file order,
 
-    a bitmap of the changed 16-bit words (np.packbits)   ─┐
-    the XOR of old and new for those words, as two byte   ├─ each zstd-compressed
-    planes (low bytes, then high bytes)                   ─┘
+    counts   how many words change in each chunk of CHUNK_WORDS (uint32)
+    gaps     unchanged words before each changed one, within its chunk (uint8; 255 = see `long`)
+    long     the gaps of 255 or more (uint32)
+    signs    whether the word moved down (one bit each)
+    big      whether it moved by more than one step (one bit each)
+    steps    how far, less 2, for the words that moved more than one step (uint16: low bytes, then high)
 
-so that unchanged words cost one bit before compression, and the XOR values (mostly a few low
-mantissa bits) compress well once their high and low bytes are separated. A header records the base
-and target SHA-256; `apply_delta` refuses a base with the wrong hash and checks the rebuilt file
-against the target hash before it is renamed into place, so a version is never half-built or wrong.
+each zstd-compressed. A word's "position" orders bf16 bit patterns by value (+0 at 0, -0 at -1, the largest
+negative at -32768), so a step of one is one unit in the last place, also across a power of two. Gap coding
+costs about the entropy of which words changed (a bitmap compressed by zstd cost a third more), and a
+signed step costs ~2 bits where the XOR of old and new cost ~6 (`docs/BENCHMARKS.md`, "Delta encode and
+rebuild"). A header records the base and target SHA-256; `apply_delta` refuses a base with the wrong hash,
+checks every stream against the header, and checks the rebuilt file against the target hash before it is
+renamed into place, so a version is never half-built or wrong.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ import numpy as np
 from echo2cli.broadcast.torrent import sha256_file
 from echo2cli.errors import BroadcastError
 
-MAGIC = b"ECHO2DELTA1\n"
+MAGIC = b"ECHO2DELTA2\n"
+STREAMS = ("counts", "gaps", "long", "signs", "big", "steps")
 
-
-CHUNK_WORDS = 1 << 18  # words per pass (512 KB of each file): a multiple of 8, so a chunk's bitmap is whole bytes
+CHUNK_WORDS = 1 << 18  # words per pass (512 KB of each file)
+LONG_GAP = 255  # a gap this long or longer is in `long`
 
 
 def _words(path: Path) -> np.ndarray:
@@ -46,6 +54,18 @@ def _chunks(n: int) -> range:
     return range(0, n, CHUNK_WORDS)
 
 
+def position(words: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns in value order, as int32: +x at its magnitude bits, -x at -(magnitude bits) - 1."""
+    w: np.ndarray = words.astype(np.int32)
+    magnitude = w & 0x7FFF
+    return np.where(w >> 15 == 1, -magnitude - 1, magnitude)
+
+
+def from_position(pos: np.ndarray) -> np.ndarray:
+    """The inverse of `position`."""
+    return np.where(pos < 0, 0x8000 | (-pos - 1), pos).astype(np.uint16)
+
+
 def encode_delta(
     base: Path, target: Path, out: Path, *, base_sha256: str = "", target_sha256: str = "", level: int = 3
 ) -> dict:
@@ -59,27 +79,32 @@ def encode_delta(
     if old.size != new.size:
         raise BroadcastError("base and target differ in size: a delta needs the same tensor layout")
     hashes = {name: hashlib.sha256() for name, known in (("base", base_sha256), ("target", target_sha256)) if not known}
-    changed: np.ndarray = np.empty(min(CHUNK_WORDS, new.size), bool)
-    bits: list[np.ndarray] = []
-    low: list[np.ndarray] = []
-    high: list[np.ndarray] = []
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in STREAMS}
     for start in _chunks(new.size):
         a, b = old[start : start + CHUNK_WORDS], new[start : start + CHUNK_WORDS]
-        c = changed[: a.size]
-        np.not_equal(a, b, out=c)
-        bits.append(np.packbits(c))
-        xor = np.bitwise_xor(a[c], b[c]).view(np.uint8)
-        low.append(xor[0::2])
-        high.append(xor[1::2])
+        idx = np.flatnonzero(a != b)
+        gaps = np.diff(idx, prepend=-1) - 1
+        step = position(b[idx]) - position(a[idx])
+        size = np.abs(step)
+        parts["counts"].append(np.array([idx.size], np.uint32))
+        parts["gaps"].append(np.minimum(gaps, LONG_GAP).astype(np.uint8))
+        parts["long"].append(gaps[gaps >= LONG_GAP].astype(np.uint32))
+        parts["signs"].append(step < 0)
+        parts["big"].append(size > 1)
+        parts["steps"].append((size[size > 1] - 2).astype(np.uint16))
         for name, words in (("base", a), ("target", b)):
             if name in hashes:
                 hashes[name].update(words.data)
-    n_changed = sum(x.size for x in low)
+    streams = {name: np.concatenate(p) if p else np.zeros(0, np.uint8) for name, p in parts.items()}
+    streams["signs"], streams["big"] = np.packbits(streams["signs"]), np.packbits(streams["big"])
+    steps = streams["steps"].astype(np.uint16).view(np.uint8)
+    streams["steps"] = np.concatenate([steps[0::2], steps[1::2]])  # low bytes, then high bytes (mostly 0)
     z = zstandard.ZstdCompressor(level=level, threads=-1)
-    blobs = [z.compress(_joined(bits)), z.compress(_joined(low + high))]  # low bytes, then high bytes
+    blobs = [z.compress(streams[name].tobytes()) for name in STREAMS]
     header = {
         "words": int(new.size),
-        "changed": int(n_changed),
+        "chunk_words": CHUNK_WORDS,
+        "changed": int(streams["gaps"].size),
         "blob_bytes": [len(b) for b in blobs],
         "base_sha256": base_sha256 or hashes["base"].hexdigest(),
         "target_sha256": target_sha256 or hashes["target"].hexdigest(),
@@ -95,16 +120,55 @@ def encode_delta(
     return header | {"delta_bytes": out.stat().st_size, "full_bytes": int(new.nbytes)}
 
 
-def _joined(parts: list[np.ndarray]) -> bytes:
-    return np.concatenate(parts).tobytes() if parts else b""
-
-
 def read_header(delta: Path) -> tuple[dict, int]:
     with open(delta, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
-            raise BroadcastError(f"{delta} is not an echo2 delta")
+            raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA2)")
         (n,) = struct.unpack("<I", f.read(4))
-        return json.loads(f.read(n)), len(MAGIC) + 4 + n
+        try:
+            return json.loads(f.read(n)), len(MAGIC) + 4 + n
+        except ValueError as exc:
+            raise BroadcastError(f"delta {delta} has a corrupt header") from exc
+
+
+def _streams(delta: Path, header: dict, offset: int) -> dict[str, np.ndarray]:
+    """The six streams, decompressed and checked against the header and each other."""
+    import zstandard
+
+    dtypes = {"counts": np.uint32, "long": np.uint32}
+    sizes = header.get("blob_bytes")
+    if not isinstance(sizes, list) or len(sizes) != len(STREAMS) or header.get("chunk_words") != CHUNK_WORDS:
+        raise BroadcastError(f"delta {delta} is inconsistent with its header")
+    data, streams, at = delta.read_bytes()[offset:], {}, 0
+    try:
+        z = zstandard.ZstdDecompressor()
+        for name, size in zip(STREAMS, sizes, strict=True):
+            raw = z.decompress(data[at : at + size])
+            at += size
+            dtype = dtypes.get(name, np.uint8)
+            if len(raw) % np.dtype(dtype).itemsize:
+                raise BroadcastError(f"delta {delta} is inconsistent with its header")
+            streams[name] = np.frombuffer(raw, dtype)
+    except zstandard.ZstdError as exc:
+        raise BroadcastError(f"delta {delta} is corrupt: {exc}") from exc
+    n, counts = header.get("changed"), streams["counts"]
+    consistent = (
+        isinstance(n, int)
+        and counts.size == len(_chunks(header["words"]))
+        and int(counts.sum(dtype=np.int64)) == n == streams["gaps"].size
+        and streams["long"].size == int(np.count_nonzero(streams["gaps"] == LONG_GAP))
+        and streams["signs"].size == streams["big"].size == (n + 7) // 8
+    )
+    if consistent:
+        streams["signs"] = np.unpackbits(streams["signs"], count=n).view(bool)
+        streams["big"] = np.unpackbits(streams["big"], count=n).view(bool)
+        planes = streams["steps"]
+        consistent = planes.size == 2 * int(np.count_nonzero(streams["big"]))
+        half = planes.size // 2
+        streams["steps"] = planes[:half].astype(np.int32) | planes[half:].astype(np.int32) << 8
+    if not consistent:
+        raise BroadcastError(f"delta {delta} is inconsistent with its header")
+    return streams
 
 
 def apply_delta(
@@ -116,49 +180,49 @@ def apply_delta(
     place only once its SHA-256 matches, so a wrong or corrupt delta leaves nothing at `out`.
     `base_verified=True` skips re-hashing a base the caller has already checked (a loaded version).
     """
-    import zstandard
-
     header, offset = read_header(delta)
     old = _words(base)
-    words, n_changed = header["words"], header["changed"]
-    if old.size != words or (not base_verified and sha256_file(base) != header["base_sha256"]):
+    words = header.get("words")
+    if (
+        not isinstance(words, int)
+        or old.size != words
+        or (not base_verified and sha256_file(base) != header.get("base_sha256"))
+    ):
         raise BroadcastError(f"{base} is not the base this delta was made against")
-    data = delta.read_bytes()[offset:]
-    bits_len, planes_len = header["blob_bytes"]
-    try:
-        z = zstandard.ZstdDecompressor()
-        bits = np.frombuffer(z.decompress(data[:bits_len]), np.uint8)
-        planes = np.frombuffer(z.decompress(data[bits_len : bits_len + planes_len]), np.uint8)
-    except zstandard.ZstdError as exc:
-        raise BroadcastError(f"delta {delta} is corrupt: {exc}") from exc
-    if bits.size != (words + 7) // 8 or planes.size != 2 * n_changed:
-        raise BroadcastError(f"delta {delta} is inconsistent with its header")
-    low, high = planes[:n_changed], planes[n_changed:]
-    digest, used = hashlib.sha256(), 0
-    buf, xor = np.empty(min(CHUNK_WORDS, words), np.uint16), np.empty(min(CHUNK_WORDS, words), np.uint16)
+    s = _streams(delta, header, offset)
+    digest = hashlib.sha256()
+    buf: np.ndarray = np.empty(min(CHUNK_WORDS, words), np.uint16)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     try:
         with open(tmp, "wb") as f:
-            for start in _chunks(words):
+            used = used_long = used_big = 0  # read so far from gaps (and signs, big), long, steps
+            for k, start in zip(s["counts"].tolist(), _chunks(words), strict=True):
                 n = min(CHUNK_WORDS, words - start)
-                c = np.unpackbits(bits[start // 8 : (start + n + 7) // 8], count=n).view(bool)
-                k = int(np.count_nonzero(c))
-                if used + k > n_changed:
+                gaps: np.ndarray = s["gaps"][used : used + k].astype(np.int64)
+                long = gaps == LONG_GAP
+                n_long = int(np.count_nonzero(long))
+                gaps[long] = s["long"][used_long : used_long + n_long]
+                idx = np.cumsum(gaps + 1) - 1
+                if k and idx[-1] >= n:
                     raise BroadcastError(f"delta {delta} is inconsistent with its header")
-                x = xor[:k].view(np.uint8)
-                x[0::2], x[1::2] = low[used : used + k], high[used : used + k]
+                big = s["big"][used : used + k]
+                n_big = int(np.count_nonzero(big))
+                steps = np.ones(k, np.int32)
+                steps[big] = s["steps"][used_big : used_big + n_big] + 2
+                steps[s["signs"][used : used + k]] *= -1
+                pos = position(old[start : start + n][idx]) + steps if k else idx
+                if k and (pos.min() < -0x8000 or pos.max() > 0x7FFF):
+                    raise BroadcastError(f"delta {delta} is inconsistent with its header")
                 chunk = buf[:n]
                 chunk[:] = old[start : start + n]
-                chunk[c] ^= xor[:k]
-                used += k
+                chunk[idx] = from_position(pos)
+                used, used_long, used_big = used + k, used_long + n_long, used_big + n_big
                 digest.update(chunk.data)
                 f.write(chunk.data)
-        if used != n_changed:
-            raise BroadcastError(f"delta {delta} is inconsistent with its header")
-        got, want = digest.hexdigest(), expected_sha256 or header["target_sha256"]
+        got, want = digest.hexdigest(), expected_sha256 or header.get("target_sha256")
         if got != want:
-            raise BroadcastError(f"rebuilt version does not match its SHA-256 ({got[:12]} != {want[:12]})")
+            raise BroadcastError(f"rebuilt version does not match its SHA-256 ({got[:12]} != {str(want)[:12]})")
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
