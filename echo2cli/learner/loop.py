@@ -332,7 +332,7 @@ class Learner:
                 "learner/bubble_ratio_step": t_wait / max(now - t0, 1e-9),
                 **self.coord.totals(),
                 **bcast_metrics(bcast_s, ready_s, self.upload_ratio),
-                **delta_metrics(self.publisher.delta_stats.get(version)),
+                **delta_metrics(self.publisher.delta_stats),
                 **self.activation.metrics,
                 "cost/usd_per_step": usd_per_hour(self.coord.measured(), self.cfg.learner_usd_per_hour)
                 * (now - t0)

@@ -97,11 +97,19 @@ def bcast_metrics(bcast_s: dict[int, float], ready_s: dict[int, float], upload_r
     }
 
 
-def delta_metrics(stats: dict[str, float] | None) -> dict[str, float]:
-    """`bcast/delta_*` of a version published with a delta."""
-    if not stats:
+def delta_metrics(delta_stats: dict[int, dict[str, float]]) -> dict[str, float]:
+    """`bcast/delta_*` of the newest version whose delta is written (the version a step publishes is still being
+    encoded in the background when the step is recorded: the previous one is done)."""
+    done = list(delta_stats)  # a copy: the publisher's thread adds to it
+    if not done:
         return {}
-    return {"bcast/delta_ratio": stats["delta_bytes"] / stats["full_bytes"], "bcast/delta_encode_s": stats["encode_s"]}
+    version = max(done)
+    stats = delta_stats[version]
+    return {
+        "bcast/delta_version": version,
+        "bcast/delta_ratio": stats["delta_bytes"] / stats["full_bytes"],
+        "bcast/delta_encode_s": stats["encode_s"],
+    }
 
 
 def usd_per_hour(workers: list[dict[str, Any]], learner_usd_per_hour: float) -> float:
