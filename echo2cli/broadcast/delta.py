@@ -14,11 +14,11 @@ stores, for the changed words in file order,
 
 each zstd-compressed. A word's "position" orders bf16 bit patterns by value (+0 at 0, -0 at -1, the largest
 negative at -32768), so a step of one is one unit in the last place, also across a power of two. Gap coding
-costs about the entropy of which words changed (a bitmap compressed by zstd cost a third more), and a
-signed step costs ~2 bits where the XOR of old and new cost ~6 (`docs/BENCHMARKS.md`, "Delta encode and
-rebuild"). A header records the base and target SHA-256; `apply_delta` refuses a base with the wrong hash,
-checks every stream against the header, and checks the rebuilt file against the target hash before it is
-renamed into place, so a version is never half-built or wrong.
+costs about the entropy of which words changed (a bitmap compressed by zstd cost a third more), and a signed
+step costs ~2.3 bits a changed word where the XOR of old and new cost ~3.9, compressed (`docs/BENCHMARKS.md`,
+"Delta size, encode and rebuild"). A header records the base and target SHA-256; `apply_delta` refuses a base
+with the wrong hash, checks every stream against the header, and checks the rebuilt file against the target
+hash before it is renamed into place, so a version is never half-built or wrong.
 """
 
 from __future__ import annotations
