@@ -230,7 +230,7 @@ class WorkerConfig(_Config):
         "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
         "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s",
         "GPU host": "gpu_memory_utilization tensor_parallel_size max_num_seqs",
-        "Swarm": "bt_listen uplink_mbps downlink_mbps verify_between_leases",
+        "Swarm": "bt_listen uplink_mbps downlink_mbps web_seed verify_between_leases",
         "This worker": "name work_dir usd_per_hour",
     }
 
@@ -275,6 +275,12 @@ class WorkerConfig(_Config):
         ge=0.0,
         description="cap on this worker's torrent download, Mbit/s, e.g. to "
         "emulate a slow link or leave bandwidth to others (0 = none)",
+    )
+    web_seed: Literal["fallback", "always", "off"] = Field(
+        "fallback",
+        description="fetch from the learner over HTTP as well (its web seed, counted in its upload): when a "
+        "download gets no byte from peers for 8 s (fallback; a worker no peer can reach), from the start (always) "
+        "or never (off)",
     )
     verify_between_leases: bool = Field(
         False,
@@ -419,7 +425,18 @@ class MemoryConfig(_Config):
 class BenchBroadcastConfig(_Config):
     """`echo2 bench broadcast`."""
 
-    workers: str = Field("1,2,4,8", description="worker counts N to try, comma-separated")
+    workers: str | None = Field(
+        None,
+        description="worker counts N to try, comma-separated",
+        json_schema_extra={"shown_default": "1,2,4,8; with --links, every worker it lists"},
+    )
+    links: Path | None = Field(
+        None,
+        description="a file with one line per worker, `UP_MBPS DOWN_MBPS [nat|firewall]` (a fleet of N takes the "
+        "first N lines): heterogeneous links, workers behind NAT (outbound connections only) or a firewall (only the "
+        "learner's HTTP port); see examples/links/",
+        json_schema_extra={"shown_default": "every worker at --worker-up-mbps/--worker-down-mbps, reachable"},
+    )
     uplink_mbps: float = Field(100.0, gt=0, description="learner uplink cap U, Mbit/s")
     worker_up_mbps: float | None = Field(
         None, gt=0, description="each worker's uplink cap, Mbit/s", json_schema_extra={"shown_default": "U"}

@@ -50,6 +50,16 @@ class VersionKey(NamedTuple):
     def dir(self, root: Path) -> Path:
         return root / self.dir_name
 
+    @classmethod
+    def from_relpath(cls, dir_name: str, file_name: str) -> VersionKey | None:
+        """The key whose `relpath` is dir_name/file_name (`v000007/model.safetensors`), or None."""
+        delta = dir_name.endswith(".delta")
+        digits = dir_name.removesuffix(".delta")[1:]
+        if not (dir_name.startswith("v") and len(digits) == 6 and digits.isdigit()):
+            return None
+        key = cls(int(digits), delta)
+        return key if key.relpath == PurePosixPath(dir_name, file_name) else None
+
     def path(self, root: Path) -> Path:
         return root / self.dir_name / self.file_name
 

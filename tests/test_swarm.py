@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from echo2cli.broadcast.node import TorrentNode, slot_priorities
+from echo2cli.broadcast.node import GATE_STALL_S, TorrentNode, slot_priorities
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
 from echo2cli.layout import WEIGHTS_FILE
 
-SIZE = 8 << 20  # 8 pieces of 1 MiB
+SIZE = 8 << 20  # 32 pieces of 256 KiB
 DEADLINE_S = 60  # generous: a hung swarm fails the test instead of hanging CI
 
 
@@ -67,6 +67,71 @@ def test_slotted_fetchers_complete_even_when_a_share_owner_never_comes(version, 
             assert sha256_file(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
     finally:
         for n in (learner, *workers):
+            n.close()
+
+
+def spread(nodes: list[TorrentNode], key, addrs: list[str], *seeds: tuple[TorrentNode, str]) -> None:
+    """Connect every fetcher in `nodes` (bound to `addrs`) to the seeds and to each other."""
+    for node in nodes:
+        for other, addr in [*zip(nodes, addrs, strict=True), *seeds]:
+            if other is not node:
+                node.transfers[key].handle.connect_peer((addr, other.listen_port))
+
+
+def test_workers_holding_their_share_spare_the_learner_and_take_the_rest_from_each_other(version, tmp_path):
+    """Each worker on its own loopback address, so the learner's connection can be told apart: once a worker holds
+    its own share it takes nothing more from the learner, which then sends about one copy in all."""
+    vdir, torrent = version
+    learner = TorrentNode("127.0.0.2:0", upload_limit_bytes_s=2 << 20)  # slow, so that workers trade
+    learner.seed(1, torrent.data, vdir.parent)
+    addrs = ["127.0.0.3", "127.0.0.4", "127.0.0.5"]
+    workers = [TorrentNode(f"{a}:0", learner_ip="127.0.0.2") for a in addrs]
+    for k, w in enumerate(workers):
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3))
+    spread(workers, 1, addrs, (learner, "127.0.0.2"))
+    spared = set()
+
+    def done() -> bool:
+        spared.update(k for k, w in enumerate(workers) if not w.transfers[1].needs_learner)
+        return all(w.transfers[1].finished_at for w in workers)
+
+    try:
+        wait_until(done, learner, *workers)
+        for k in range(3):
+            assert sha256_file(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+        time.sleep(1.5)  # counters are folded in once a second
+        assert spared  # the worker whose share arrives last may finish with it
+        assert learner.upload_bytes(1) < 1.2 * SIZE
+    finally:
+        for n in (learner, *workers):
+            n.close()
+
+
+def test_a_worker_sparing_the_learner_takes_from_it_again_when_a_share_owner_never_comes(version, tmp_path):
+    """Worker a holds its share and spares the learner; the owner of the other share, b, gets (almost) nothing:
+    a's download stalls, and a takes the rest from the learner after all."""
+    vdir, torrent = version
+    learner = TorrentNode("127.0.0.2:0")
+    learner.seed(1, torrent.data, vdir.parent)
+    a = TorrentNode("127.0.0.3:0", learner_ip="127.0.0.2")
+    b = TorrentNode("127.0.0.4:0", learner_ip="127.0.0.2", download_limit_bytes_s=1)
+    for k, w in enumerate((a, b)):
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 2))
+    spread([a, b], 1, ["127.0.0.3", "127.0.0.4"], (learner, "127.0.0.2"))
+    spared = []
+
+    def done() -> bool:
+        if not a.transfers[1].needs_learner and not spared:
+            spared.append(time.time())
+        return a.transfers[1].finished_at is not None
+
+    try:
+        wait_until(done, learner, a, b)
+        assert spared and a.transfers[1].needs_learner  # spared, then released after the stall
+        assert a.transfers[1].finished_at - spared[0] >= GATE_STALL_S
+        assert sha256_file(tmp_path / "w0" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+    finally:
+        for n in (learner, a, b):
             n.close()
 
 

@@ -74,11 +74,15 @@ class FakeNode:
 
     def fetch(self, key, data, save_path, slot=None):
         self.fetched.append(key.version)
-        self.transfers[key] = SimpleNamespace(finished_at=None, started=time.time(), hash_failures=0, dir=save_path)
+        self.transfers[key] = SimpleNamespace(
+            finished_at=None, started=time.time(), hash_failures=0, web_seed_at=None, dir=save_path
+        )
         return self.transfers[key]
 
     def seed(self, key, data, save_path):
-        self.transfers[key] = SimpleNamespace(finished_at=time.time(), started=time.time(), hash_failures=0)
+        self.transfers[key] = SimpleNamespace(
+            finished_at=time.time(), started=time.time(), hash_failures=0, web_seed_at=None
+        )
 
     def poll(self) -> None:
         for key, t in self.transfers.items():

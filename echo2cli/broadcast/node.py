@@ -38,9 +38,24 @@ class Transfer:
     hash_failures: int = 0
     error: str = ""
     priorities: list[int] | None = None  # slot gating, see `slot_priorities`; None once everything is open
+    share: list[int] | None = None  # the pieces of this fetcher's own slot, if it has one
+    needs_learner: bool = True  # False once its share is complete, until the download stalls (`TorrentNode.poll`)
     pieces_done: int = 0
     last_progress: float = field(default_factory=time.time)
     tracker_urls: list[str] = field(default_factory=list)  # as in the torrent, before our key is added
+    web_seed_url: str = ""  # the learner's web seed, once added (`TorrentNode._fall_back`)
+    web_seed_at: float | None = None
+    reannounced: int = 0  # how many of REANNOUNCE_AT_S are done
+    received: int = 0  # payload bytes, as of `last_received`
+    last_received: float = field(default_factory=time.time)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last block's worth of payload arrived (from anyone). A throttled connection still
+        trickles a byte now and then (`SPARED`): that is not progress."""
+        received = int(self.handle.status().total_payload_download)
+        if received - self.received >= BLOCK:
+            self.received, self.last_received = received, now
+        return now - self.last_received
 
     def open_gates(self) -> None:
         """Let pieces that another worker already holds be fetched (from anyone)."""
@@ -64,6 +79,12 @@ class Transfer:
 
 
 GATE_STALL_S = 3.0
+BLOCK = 16 << 10  # BitTorrent's request size
+SPARED = 1  # bytes/s a worker takes from the learner while it spares it (0 would mean "no limit")
+# A download announces again this many seconds after it started, to learn of peers that announced after it: a
+# private torrent has no PEX, and a peer behind NAT is never dialled, so it must dial everyone it can itself.
+REANNOUNCE_AT_S = (1.0, 2.5, 5.0)
+WEB_SEED_AFTER_S = 8.0  # a download without a byte for this long also asks the learner's web seed
 
 
 def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
@@ -102,13 +123,23 @@ class TorrentNode:
         upload_limit_bytes_s: int = 0,
         download_limit_bytes_s: int = 0,
         tracker_key: str = "",
+        web_seed: str = "",
+        web_seed_mode: str = "fallback",
+        learner_ip: str = "",
     ) -> None:
-        """`tracker_key`: announce to `<the torrent's tracker URL>/<key>` (echo2's tracker wants it)."""
+        """`tracker_key`: announce to `<the torrent's tracker URL>/<key>` (echo2's tracker wants it).
+        `web_seed`: the learner's URL; its web seed (broadcast/webseed.py) is `<url>/webseed/<key>/`. A fetch adds
+        it when nothing arrived for WEB_SEED_AFTER_S (`web_seed_mode="fallback"`), from the start ("always"), or
+        never ("off"). `learner_ip`: the learner's address, for `_spare_learner`."""
         import libtorrent as lt
 
+        if web_seed_mode not in ("fallback", "always", "off"):
+            raise ValueError(f"web seed mode {web_seed_mode!r}: fallback, always or off")
         self._lt = lt
         self._lock = threading.RLock()
         self.tracker_key = tracker_key
+        self.web_seed = web_seed.rstrip("/") if web_seed_mode != "off" else ""
+        self.web_seed_mode = web_seed_mode
         settings = {
             "listen_interfaces": listen,
             "enable_dht": False,
@@ -134,13 +165,28 @@ class TorrentNode:
             "user_agent": "echo2",
         }
         self.session = lt.session(settings)  # type: ignore[call-overload]  # the bindings take a dict too
-        if upload_limit_bytes_s or download_limit_bytes_s:
-            # Rate limits skip local peers unless every IP is put in the global peer class.
-            flt = lt.ip_filter()
-            flt.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
-            self.session.set_peer_class_filter(flt)
+        self.learner_ip = learner_ip
+        self._sparing = False
+        self._learner_class = self._classify_peers(bool(upload_limit_bytes_s or download_limit_bytes_s))
         self.transfers: dict[Hashable, Transfer] = {}
         self._removed_upload = 0
+
+    def _classify_peers(self, rate_limited: bool) -> int | None:
+        """Peer classes by IP; returns the learner's class (None without `learner_ip`). Rate limits skip local peers
+        unless every IP is put in the global class. A connection's classes are fixed when it opens, so the learner's
+        class is set up now and only its limit changes later (`_spare_learner`)."""
+        if not (rate_limited or self.learner_ip):
+            return None
+        lt = self._lt
+        everyone = 1 << lt.session.global_peer_class_id
+        flt = lt.ip_filter()
+        flt.add_rule("0.0.0.0", "255.255.255.255", everyone)
+        learner_class = None
+        if self.learner_ip:
+            learner_class = self.session.create_peer_class("learner")
+            flt.add_rule(self.learner_ip, self.learner_ip, everyone | 1 << learner_class)
+        self.session.set_peer_class_filter(flt)
+        return learner_class
 
     @property
     def listen_port(self) -> int:
@@ -163,11 +209,21 @@ class TorrentNode:
         self._announce_with_key(transfer)
         if slot is not None and slot[1] > 1 and not seed:
             transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
+            transfer.share = [i for i, p in enumerate(transfer.priorities) if p > 0]
             transfer.handle.prioritize_pieces(transfer.priorities)
         if seed:
             transfer.finished_at = transfer.started
+        elif self.web_seed_mode == "always":
+            self._fall_back(transfer)
         self.transfers[key] = transfer
         return transfer
+
+    def _fall_back(self, transfer: Transfer) -> None:
+        """Ask the learner's web seed too (a URL with a trailing slash: libtorrent appends the torrent's paths)."""
+        if self.web_seed and transfer.web_seed_at is None:
+            transfer.web_seed_url = f"{self.web_seed}/webseed/{self.tracker_key or '-'}/"
+            transfer.handle.add_url_seed(transfer.web_seed_url)
+            transfer.web_seed_at = time.time()
 
     def _announce_with_key(self, transfer: Transfer) -> None:
         """The learner's tracker serves only joined peers: announce to `<url>/<our key>`."""
@@ -182,6 +238,10 @@ class TorrentNode:
         for transfer in self.transfers.values():
             self._announce_with_key(transfer)
             transfer.handle.force_reannounce()
+            if transfer.web_seed_at is not None:  # the old key is refused now: ask with the new one
+                transfer.handle.remove_url_seed(transfer.web_seed_url)
+                transfer.web_seed_at = None
+                self._fall_back(transfer)
 
     @_locked
     def seed(self, key: Hashable, torrent: bytes, save_path: Path) -> Transfer:
@@ -211,10 +271,59 @@ class TorrentNode:
                 transfer.hash_failures += 1
             elif isinstance(alert, (lt.torrent_error_alert, lt.file_error_alert)):
                 transfer.error = alert.message()
+        now = time.time()
         for transfer in self.transfers.values():
             if transfer.finished_at is None and transfer.handle.status().is_seeding:
-                transfer.finished_at = time.time()
+                transfer.finished_at = now
             transfer.open_gates()
+            if transfer.finished_at is None:
+                if (
+                    transfer.reannounced < len(REANNOUNCE_AT_S)
+                    and now - transfer.started > REANNOUNCE_AT_S[transfer.reannounced]
+                ):
+                    transfer.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+                    transfer.reannounced += 1
+                if transfer.stalled_for(now) > WEB_SEED_AFTER_S:
+                    self._fall_back(transfer)
+        self._spare_learner(now)
+
+    def _spare_learner(self, now: float) -> None:
+        """Take nothing more from the learner while every download in progress has its own share and is moving.
+
+        Once a worker holds its own slot's pieces, whatever else it asks the learner for is a second copy of a
+        piece another worker holds or will hold: the learner's duplicate uploads that kept its upload at 1.4-1.9x
+        the version on equal links at N = 8. So the learner's connection is throttled to nothing (its peer class)
+        and the rest comes from the other workers. A download that stalls for GATE_STALL_S (a share's owner is
+        slow or gone) takes from the learner again until it completes. Where every peer has the learner's address
+        (all on one host, as in `echo2 demo`) the learner cannot be told apart, and is never spared.
+        """
+        if self._learner_class is None:
+            return
+        spare = False
+        for transfer in self.transfers.values():
+            if transfer.finished_at is not None:
+                continue
+            if transfer.needs_learner and transfer.share is not None and transfer.stalled_for(now) < GATE_STALL_S:
+                have = transfer.handle.status().pieces
+                others = any(p.ip[0] != self.learner_ip for p in transfer.handle.get_peer_info())
+                transfer.needs_learner = not (others and all(have[i] for i in transfer.share))
+            elif not transfer.needs_learner and transfer.stalled_for(now) > GATE_STALL_S:
+                transfer.needs_learner, transfer.share = True, None  # for good: this download needs every source
+            if transfer.needs_learner:
+                spare = False
+                break
+            spare = True
+        if spare != self._sparing:
+            info = self.session.get_peer_class(self._learner_class)
+            info["download_limit"] = SPARED if spare else 0
+            self.session.set_peer_class(self._learner_class, info)
+            self._sparing = spare
+
+    @_locked
+    def seeding(self, key: Hashable) -> bool:
+        """True if this node holds the whole of `key`'s torrent and serves it."""
+        transfer = self.transfers.get(key)
+        return transfer is not None and transfer.finished_at is not None
 
     @_locked
     def progress(self, key: Hashable) -> float:

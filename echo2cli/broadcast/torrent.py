@@ -5,8 +5,10 @@ hybrid torrent made by libtorrent 2.1.1, announced under an info-hash that is no
 no peer (0 bytes in 120 s; `tests/integration/test_stock_client.py` fetches a v1 version with it). Every
 piece is still verified (SHA-1 per piece: a corrupt piece is detected, its sender banned and the piece
 fetched elsewhere), and a worker loads a version only after the whole file's SHA-256, which comes from the
-authenticated API, matches. The piece size targets ~128 pieces (clamped to 1–4 MiB): enough pieces for
-workers to trade among themselves while the learner is still seeding.
+authenticated API, matches. The piece size targets ~512 pieces (clamped to 256 KiB–4 MiB): a worker can pass
+a piece on only once it holds the whole piece, so smaller pieces start the trading among workers sooner while
+the learner is still sending each its share. Measured on the default model (269 MB, 8 workers on 100 Mbit/s
+links, `echo2 bench broadcast`): T_bcast/T* 1.37 with 2 MiB pieces, 1.22 with 1 MiB, 1.29 with 512 KiB.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-MIN_PIECE, MAX_PIECE = 1 << 20, 4 << 20
+MIN_PIECE, MAX_PIECE, TARGET_PIECES = 256 << 10, 4 << 20, 512
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class TorrentFile:
 
 def piece_size_for(nbytes: int) -> int:
     size = MIN_PIECE
-    while size < MAX_PIECE and nbytes / size > 128:
+    while size < MAX_PIECE and nbytes / size > TARGET_PIECES:
         size *= 2
     return size
 

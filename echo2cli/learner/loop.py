@@ -186,6 +186,7 @@ class Learner:
                 self.out / VERSIONS_DIR,
                 f"{self.url}/announce",
                 keep=cfg.staleness + 1,
+                web_seed_rate=mbps_to_bytes_per_s(cfg.uplink_mbps),
             )
         )
         self.log = self._close_later(StepLog(self.out, self.start_step))
@@ -249,6 +250,7 @@ class Learner:
             token=cfg.token,
             status_extra=self.log.status,
             target_steps=cfg.steps,
+            web_seed=self.publisher.web_seed,
         )
         with serving(app, self.sock, self.tls):
             (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))

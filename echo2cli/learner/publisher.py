@@ -12,7 +12,8 @@ One version is in flight at a time: `publish(v + 1)` first waits for v (its delt
 the learner stops one step later with the same one-line error. Workers see v once it is announced; until
 then they keep generating with v - 1, which the staleness bound admits (S = 0 waits for it).
 
-The learner is each version's first seed. Versions older than S + 1 behind the latest can no longer
+The learner is each version's first seed, and serves the files it seeds over HTTP as well (`web_seed`, BEP 19)
+for workers that cannot reach any peer. Versions older than S + 1 behind the latest can no longer
 produce admissible rollouts, so they are dropped from the session and from disk — unless a joined worker is
 still fetching one (its first version, on a slow link): that one is seeded until the worker has it.
 """
@@ -28,6 +29,7 @@ import torch
 from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.webseed import WebSeed
 from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
@@ -47,9 +49,12 @@ class Publisher:
         tracker_url: str,
         keep: int,
         background: bool = True,
+        web_seed_rate: float = 0,
     ) -> None:
-        """`background=False`: `publish` does all the work before it returns."""
+        """`background=False`: `publish` does all the work before it returns. `web_seed_rate`: bytes/s the web
+        seed may send (0 = no cap)."""
         self.trainer, self.node, self.coord = trainer, node, coord
+        self.web_seed = WebSeed(self._served, web_seed_rate)
         self.root, self.tracker_url, self.keep = root, tracker_url, keep
         self.sizes: dict[int, int] = {}
         self.hashes: dict[int, str] = {}
@@ -142,8 +147,16 @@ class Publisher:
         return VersionKey(version).path(self.root)
 
     def upload_bytes(self, version: int) -> int:
-        """Learner bytes sent for a version: its full torrent plus its delta."""
-        return self.node.upload_bytes(VersionKey(version)) + self.node.upload_bytes(VersionKey(version, delta=True))
+        """Learner bytes sent for a version: its full torrent plus its delta, to peers and from the web seed."""
+        keys = (VersionKey(version), VersionKey(version, delta=True))
+        return sum(self.node.upload_bytes(key) + self.web_seed.sent(key) for key in keys)
+
+    def _served(self, dir_name: str, file_name: str) -> tuple[VersionKey, Path] | None:
+        """The web seed serves the files of the versions seeded now, nothing else."""
+        key = VersionKey.from_relpath(dir_name, file_name)
+        if key is None or not self.node.seeding(key):
+            return None
+        return key, key.path(self.root)
 
     def _prune(self, latest: int) -> None:
         """Drop versions more than `keep` behind, except those a live worker is still fetching (a late joiner

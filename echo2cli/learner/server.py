@@ -1,11 +1,12 @@
-"""The learner's HTTP API (`/v1/...`) and BitTorrent tracker (`/announce`), as one FastAPI app.
+"""The learner's HTTP API (`/v1/...`), tracker (`/announce`) and web seed (`/webseed`), as one FastAPI app.
 
 Handlers are thin: they check credentials, validate the body with the shared `protocol` models and call
 the `Coordinator`.
 
 Credentials: joining needs the learner's join token (when it has one); the join returns the worker's own
 session token, which every call made as that worker must carry (Bearer), and a tracker key, which the
-worker's torrent client puts in its announce URL (`/announce/{key}`). Read-only calls (status, policy,
+worker's torrent client puts in its announce URL (`/announce/{key}`) and its web seed URL (`/webseed/{key}/`,
+broadcast/webseed.py). Read-only calls (status, policy,
 model files) take the join token or any live session token.
 401 = wrong or missing token; 403 = a token for another worker, or a worker cut off for invalid data;
 404 = unknown worker (join again); 413 = a body larger than this run ever needs; 422 = malformed body.
@@ -26,10 +27,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
+from echo2cli.broadcast.webseed import RangeError, WebSeed
 from echo2cli.errors import ConfigError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.credentials import same_secret
@@ -67,6 +69,7 @@ def build_app(
     token: str | None,
     status_extra: Callable[[], dict[str, Any]],
     target_steps: int,
+    web_seed: WebSeed | None = None,
 ) -> FastAPI:
     """`join_info`: the run's settings every JoinResponse carries; `status_extra()`: the newest metrics for /status."""
     app = FastAPI(title="echo2 learner", version="1")
@@ -82,6 +85,8 @@ def build_app(
     app.include_router(_worker_routes(coord, gate, run_id, join_info))
     app.include_router(_reader_routes(coord, gate, run_id, model_dir, model_files, status_extra, target_steps))
     app.include_router(_tracker_routes(coord))
+    if web_seed is not None:
+        app.include_router(_web_seed_routes(coord, web_seed))
     return app
 
 
@@ -112,7 +117,7 @@ class Gate:
 
     def authorize(self, path: str, presented: str) -> tuple[int, str] | None:
         """From the Authorization header alone, before the body is read (the handlers check the rest)."""
-        if path.startswith("/announce"):
+        if path.startswith(("/announce", "/webseed/")):
             return None  # the tracker key in the path is the credential
         if path == f"{API}/join":
             return (401, JOIN_TOKEN_MISSING) if self.token is not None and not self.is_join_token(presented) else None
@@ -253,6 +258,25 @@ def _tracker_routes(coord: Coordinator) -> APIRouter:
         with lock:
             body = tracker.announce(query, remote)
         return Response(body, media_type="text/plain")
+
+    return router
+
+
+def _web_seed_routes(coord: Coordinator, web_seed: WebSeed) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/webseed/{key}/{dir_name}/{file_name}")
+    def serve(key: str, dir_name: str, file_name: str, range: str | None = Header(default=None)) -> Response:  # noqa: A002
+        """BEP 19 for joined workers: byte ranges of the versions the learner seeds (broadcast/webseed.py)."""
+        if not coord.tracker_key_ok(key):
+            raise HTTPException(401, "not a joined peer: join the learner first")
+        try:
+            reply = web_seed.reply(dir_name, file_name, range)
+        except RangeError as exc:
+            raise HTTPException(416, str(exc)) from None
+        if reply is None:
+            raise HTTPException(404, f"{dir_name}/{file_name} is not a version this learner seeds now")
+        return StreamingResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
     return router
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
@@ -380,6 +382,9 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
             download_limit_bytes_s=mbps_to_bytes_per_s(cfg.downlink_mbps),
             tracker_key=tracker_key,
+            web_seed=cfg.join,
+            web_seed_mode=cfg.web_seed,
+            learner_ip=learner_ip(cfg.join),
         )
 
     def make_engine(engine_dir: Path, context_len: int) -> EngineLike:
@@ -395,6 +400,15 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
         )
 
     return Worker(cfg, client=client, make_node=make_node, make_engine=make_engine, console=console)
+
+
+def learner_ip(url: str) -> str:
+    """The learner's IPv4 address, to tell its BitTorrent connection apart (`TorrentNode._spare_learner`); "" if
+    its name does not resolve (then it is never spared)."""
+    try:
+        return socket.gethostbyname(urlsplit(url).hostname or "")
+    except (OSError, UnicodeError):
+        return ""
 
 
 def install_sigterm_as_interrupt() -> None:

@@ -263,6 +263,7 @@ class VersionStore:
             "downloaded_bytes": self.node.download_bytes(pending.key),
             "size_bytes": policy.size_bytes,
             "hash_failures": transfer.hash_failures,
+            "web_seed": transfer.web_seed_at is not None,  # it asked the learner's web seed too
             "t_download_s": finished - transfer.started,
             "t_rebuild_s": self._t_rebuild if pending.via is Via.DELTA else 0.0,
             "t_verify_s": max(0.0, self._verified_at - finished),  # last piece -> verified: hash or rebuild
