@@ -320,7 +320,8 @@ def bench_broadcast(
     def progress(row: Any) -> None:
         console.print(
             f"{row.method:5s} N={row.n}: T_bcast {row.t_bcast_s:6.1f} s  T* {row.lower_bound_s:5.1f} s  "
-            f"ratio {row.ratio:4.2f}  learner upload {row.learner_upload_over_size:4.2f}x  ({row.mode})",
+            f"ratio {row.ratio:4.2f}  learner upload {row.learner_upload_over_size:4.2f}x  "
+            f"(web seed {row.web_seed_over_size:4.2f}x)  ({row.mode}, links: {row.links})",
             soft_wrap=True,
         )
 
@@ -333,9 +334,10 @@ def bench_broadcast(
         return
     table = Table(
         title=f"one version, {rows[0].size_bytes / 1e6:.0f} MB, learner uplink {cfg.uplink_mbps:g} Mbit/s "
-        f"({rows[0].mode})"
+        f"({rows[0].mode}, links: {rows[0].links})"
     )
-    for col in ("method", "N", "T_bcast s", "T* s", "T_bcast/T*", "learner upload / M"):
+    columns = ["method", "N", "T_bcast s", "T* s", "T_bcast/T*", "learner upload / M"]
+    for col in columns + ["behind NAT", "web seed / M"]:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
@@ -345,6 +347,8 @@ def bench_broadcast(
             f"{r.lower_bound_s:.1f}",
             f"{r.ratio:.2f}",
             f"{r.learner_upload_over_size:.2f}",
+            str(r.behind),
+            f"{r.web_seed_over_size:.2f} ({r.web_seed_workers} used it)" if r.method == "swarm" else "",
         )
     Console().print(table)
 

@@ -29,6 +29,15 @@ pick_python() {
   echo "setup: need Python >= 3.11 on PATH" >&2; return 1
 }
 
+# The NAT tests (and `echo2 bench broadcast --links` with nat or firewall workers) emulate NAT with iptables
+# inside network namespaces. As root (as on CI) it is installed when missing; elsewhere those tests skip.
+if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing iptables (NAT emulation in the network-namespace tests)"
+  apt_install() { timeout 300 apt-get install -y -q --no-install-recommends iptables >/dev/null 2>&1; }
+  apt_install || { timeout 300 apt-get update -q >/dev/null 2>&1 && apt_install; } ||
+    echo "setup: could not install iptables: the NAT tests will skip"
+fi
+
 stamp_of() { cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16; }
 STAMP="$VENV/.echo2-setup-$VARIANT-$(stamp_of)"
 if [ -f "$STAMP" ]; then

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from echo2cli.bench.netem import Fleet, Link, namespaces_available
+from echo2cli.bench.netem import Fleet, Link, NetemError, namespaces_available, nat_available
 from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.config import BenchBroadcastConfig
 from echo2cli.errors import BroadcastError, ConfigError
@@ -48,9 +48,36 @@ class Row:
     t_bcast_s: float
     lower_bound_s: float
     ratio: float
-    learner_upload_over_size: float
+    learner_upload_over_size: float  # peers and web seed together
     size_bytes: int
     mode: str
+    links: str = "equal"  # "equal", or the --links file's name
+    behind: int = 0  # workers behind NAT or a firewall
+    web_seed_over_size: float = 0.0  # of the learner's upload, what its web seed sent
+    web_seed_workers: int = 0  # workers that fell back to the web seed
+
+
+def parse_links(text: str, source: str = "--links") -> list[Link]:
+    """One worker per line: `UP_MBPS DOWN_MBPS [nat|firewall]`; `#` starts a comment."""
+    links = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        fields = raw.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            if len(fields) not in (2, 3):
+                raise ValueError
+            up, down = float(fields[0]), float(fields[1])
+            if up <= 0 or down <= 0:
+                raise ValueError
+            links.append(Link(up, down, behind=fields[2] if len(fields) == 3 else ""))
+        except (ValueError, NetemError):
+            raise ConfigError(
+                f"{source} line {number}: {raw.strip()!r} is not `UP_MBPS DOWN_MBPS [nat|firewall]` with positive rates"
+            ) from None
+    if not links:
+        raise ConfigError(f"{source} lists no worker: one line per worker, `UP_MBPS DOWN_MBPS [nat|firewall]`")
+    return links
 
 
 def lower_bound_s(size: int, n: int, up: float, downs: list[float], ups: list[float]) -> float:
@@ -115,75 +142,90 @@ class _Proc:
 
 def run_trial(
     method: str,
-    n: int,
     payload: Path,
     work: Path,
     *,
     up_mbps: float,
-    worker_up_mbps: float,
-    worker_down_mbps: float,
+    worker_links: list[Link],
     use_netns: bool,
 ) -> Row:
-    """One distribution of `payload` to n fresh fetchers; returns its row."""
-    links = {"learner": Link(up_mbps, max(up_mbps, worker_up_mbps) * 4)}
-    links |= {f"w{i}": Link(worker_up_mbps, worker_down_mbps) for i in range(n)}
+    """One distribution of `payload` to the fetchers behind `worker_links`, started fresh; returns its row."""
+    n = len(worker_links)
+    links = {"learner": Link(up_mbps, max(up_mbps, *(w.up_mbps for w in worker_links)) * 4)}
+    links |= {f"w{i}": link for i, link in enumerate(worker_links)}
     trial_dir = work / f"{method}-{n}"
     shutil.rmtree(trial_dir, ignore_errors=True)
     trial_dir.mkdir(parents=True)
     procs: list[_Proc] = []
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, trial_dir, ignore_errors=True)
-        fleet = stack.enter_context(Fleet(links)) if use_netns else None
+        http_port = HTTP_PORT if use_netns else _free_port()
+        fleet = stack.enter_context(Fleet(links, open_to=("learner", http_port))) if use_netns else None
         stack.callback(_close_all, procs)
-        caps = None if fleet else (up_mbps, worker_up_mbps, worker_down_mbps)
-        _start_nodes(procs, method, n, payload, trial_dir, fleet, caps)
-        t_bcast, stats = _distribute(procs[0], procs[1:])
+        _start_nodes(procs, method, links, payload, trial_dir, fleet, http_port)
+        t_bcast, stats, done = _distribute(procs[0], procs[1:])
     size = payload.stat().st_size
     bound = lower_bound_s(
         size,
         n,
         mbps_to_bytes_per_s(up_mbps),
-        [mbps_to_bytes_per_s(worker_down_mbps)] * n,
-        [mbps_to_bytes_per_s(worker_up_mbps)] * n,
+        [mbps_to_bytes_per_s(w.down_mbps) for w in worker_links],
+        [mbps_to_bytes_per_s(w.up_mbps) for w in worker_links],
     )
-    uploaded = stats["bt_upload"] if method == "swarm" else stats["http_upload"]
-    return Row(method, n, t_bcast, bound, t_bcast / bound, uploaded / size, size, "netns" if fleet else "loopback")
+    if os.environ.get("ECHO2_BENCH_DEBUG"):
+        print(json.dumps(done), file=sys.stderr)
+    web_seed = stats["web_seed_upload"] if method == "swarm" else 0
+    uploaded = stats["bt_upload"] + web_seed if method == "swarm" else stats["http_upload"]
+    return Row(
+        method,
+        n,
+        t_bcast,
+        bound,
+        t_bcast / bound,
+        uploaded / size,
+        size,
+        "netns" if fleet else "loopback",
+        behind=sum(1 for w in worker_links if w.behind),
+        web_seed_over_size=web_seed / size,
+        web_seed_workers=sum(1 for d in done if d.get("web_seed_at")),
+    )
 
 
 def _start_nodes(
     procs: list[_Proc],
     method: str,
-    n: int,
+    links: dict[str, Link],
     payload: Path,
     trial_dir: Path,
     fleet: Fleet | None,
-    caps: tuple[float, float, float] | None,
+    http_port: int,
 ) -> None:
-    """The origin, then n fetchers, appended to `procs` as they start. In namespaces the links are capped by the
-    kernel; on loopback `caps` (learner up, worker up, worker down, Mbit/s) go to the nodes themselves."""
+    """The origin, then a fetcher per worker link, appended to `procs` as they start. In namespaces the links are
+    capped by the kernel; on loopback the nodes cap themselves (libtorrent peer classes, a token bucket)."""
     prefix = fleet.argv if fleet else (lambda name: [])
     host = fleet.addr("learner") if fleet else "127.0.0.1"
-    http_port = HTTP_PORT if fleet else _free_port()
     torrent = trial_dir / "version.torrent"
     torrent.write_bytes(make_torrent(payload.parent, f"http://{host}:{http_port}/announce").data)
-    up, worker_up, worker_down = caps or (None, None, None)
+    caps = links if fleet is None else {}  # the kernel caps the links in namespaces
     bt_port = BT_PORT if fleet else 0
+    up = caps["learner"].up_mbps if caps else None
     options = flags(file=payload, torrent=torrent, bind=host, port=http_port, bt_port=bt_port, up_mbps=up)
     procs.append(_Proc(prefix("learner") + [*NODE, "origin", *options]))
     procs[0].read()
-    for i in range(n):
-        bind = fleet.addr(f"w{i}") if fleet else "127.0.0.1"
+    workers = [name for name in links if name != "learner"]
+    for i, name in enumerate(workers):
         options = flags(
             method=method,
             torrent=torrent,
-            out=trial_dir / f"w{i}",
-            bind=bind,
-            slot=f"{i}/{n}",
+            out=trial_dir / name,
+            bind=fleet.addr(name) if fleet else "127.0.0.1",
+            slot=f"{i}/{len(workers)}",
             url=f"http://{host}:{http_port}/file",
-            up_mbps=worker_up,
-            down_mbps=worker_down,
+            web_seed=f"http://{host}:{http_port}",
+            up_mbps=caps[name].up_mbps if caps else None,
+            down_mbps=caps[name].down_mbps if caps else None,
         )
-        procs.append(_Proc(prefix(f"w{i}") + [*NODE, "fetch", *options]))
+        procs.append(_Proc(prefix(name) + [*NODE, "fetch", *options]))
 
 
 def _close_all(procs: list[_Proc]) -> None:
@@ -191,9 +233,9 @@ def _close_all(procs: list[_Proc]) -> None:
         p.close()
 
 
-def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict]:
-    """Every fetcher ready, then "go" to all: seconds until the last holds the whole file, and the origin's
-    upload counters."""
+def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict, list[dict]]:
+    """Every fetcher ready, then "go" to all: seconds until the last holds the whole file, the origin's upload
+    counters and each fetcher's report."""
     for f in fetchers:
         f.read()
     go = time.time()
@@ -202,7 +244,7 @@ def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict]:
     done = [f.read() for f in fetchers]
     time.sleep(1.5)  # libtorrent folds transfer counters into all_time_upload once a second
     origin.send("stats")
-    return max(d["t_done"] for d in done) - go, origin.read()
+    return max(d["t_done"] for d in done) - go, origin.read(), done
 
 
 def run_bench(
@@ -214,19 +256,25 @@ def run_bench(
     size_mb: float | None = None,
     methods: tuple[str, ...] = ("star", "swarm"),
     mode: str = "auto",
+    links: list[Link] | None = None,
+    links_name: str = "equal",
     work_dir: Path | None = None,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
+    """`links`: one per worker (a fleet of N takes the first N); default: every worker at the worker caps."""
     if up_mbps <= 0 or not workers or min(workers) < 1:
         raise ConfigError("--uplink-mbps must be positive and --workers a list of counts ≥ 1, e.g. 1,2,4,8")
     if mode not in ("auto", "netns", "loopback"):
         raise ConfigError("--mode is one of auto, netns, loopback")
+    if links is not None and max(workers) > len(links):
+        raise ConfigError(f"--workers asks for {max(workers)} workers but --links lists {len(links)}")
     have_ns = namespaces_available()
     if mode == "netns" and not have_ns:
         raise ConfigError("--mode netns needs root (ip netns, tc): run as root or use --mode loopback")
     use_netns = have_ns if mode == "auto" else mode == "netns"
-    worker_up_mbps = worker_up_mbps or up_mbps
-    worker_down_mbps = worker_down_mbps or up_mbps
+    if links is not None and any(link.behind for link in links) and not (use_netns and nat_available()):
+        raise ConfigError("workers behind nat or firewall need namespaces and iptables: run as root with iptables")
+    equal = Link(worker_up_mbps or up_mbps, worker_down_mbps or up_mbps)
     work = Path(tempfile.mkdtemp(prefix="echo2-bench-", dir=work_dir))
     # Inside a namespace, other processes must read the payload: keep it world-readable.
     os.chmod(work, 0o755)
@@ -237,14 +285,13 @@ def run_bench(
             for method in methods:
                 row = run_trial(
                     method,
-                    n,
                     payload,
                     work,
                     up_mbps=up_mbps,
-                    worker_up_mbps=worker_up_mbps,
-                    worker_down_mbps=worker_down_mbps,
+                    worker_links=links[:n] if links is not None else [equal] * n,
                     use_netns=use_netns,
                 )
+                row.links = links_name
                 rows.append(row)
                 if on_row:
                     on_row(row)
@@ -256,14 +303,24 @@ def run_bench(
 def run_bench_config(cfg: BenchBroadcastConfig, on_row: Callable[[Row], None] | None = None) -> list[Row]:
     """`echo2 bench broadcast`: its comma-separated counts and methods, then `run_bench`."""
     try:
-        counts = [int(x) for x in cfg.workers.split(",") if x.strip()]
+        counts = [int(x) for x in (cfg.workers or "1,2,4,8").split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--workers takes comma-separated counts, e.g. 1,2,4,8 (got {cfg.workers!r})") from None
     methods = tuple(m.strip() for m in cfg.method.split(",") if m.strip())
     if not methods or set(methods) - {"star", "swarm"}:
         raise ConfigError("--method takes star, swarm or star,swarm")
+    links = None
+    if cfg.links is not None:
+        try:
+            links = parse_links(cfg.links.read_text(), str(cfg.links))
+        except OSError as exc:
+            raise ConfigError(f"cannot read --links {cfg.links}: {exc.strerror}") from None
+        if cfg.workers is None:
+            counts = [len(links)]
     return run_bench(
         counts,
+        links=links,
+        links_name=cfg.links.name if cfg.links else "equal",
         up_mbps=cfg.uplink_mbps,
         worker_up_mbps=cfg.worker_up_mbps,
         worker_down_mbps=cfg.worker_down_mbps,

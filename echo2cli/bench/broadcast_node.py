@@ -3,16 +3,18 @@
     python -m echo2cli.bench.broadcast_node origin  --dir D --torrent T --bind IP --port P [--up-mbps U]
     python -m echo2cli.bench.broadcast_node fetch   --method swarm|star --torrent T --out D --bind IP
                                                    [--url URL] [--slot k/n] [--up-mbps u] [--down-mbps d]
+                                                   [--web-seed URL]
 
 Each runs inside its own network namespace (or on loopback) and talks to the orchestrator over
 stdin/stdout, one JSON object per line:
 
-    origin:  prints {"ready"} · answers "stats" with {"bt_upload", "http_upload"} · exits on "quit"
-    fetch:   prints {"ready"} · starts on "go" · prints {"done", "t_done", "bytes"} · keeps seeding
+    origin:  prints {"ready"} · answers "stats" with {"bt_upload", "http_upload", "web_seed_upload"} · exits on "quit"
+    fetch:   prints {"ready"} · starts on "go" · prints {"done", "t_done", "bytes", "web_seed_at"} · keeps seeding
              (swarm) until "quit", then prints {"upload"}
 
 The origin is what the learner runs: a libtorrent seed with the same session settings, the tracker at
-`/announce`, plus `/file` for the star baseline (a plain HTTP download of the whole file). On loopback,
+`/announce`, its web seed at `/webseed/<any key>/` (broadcast/webseed.py, the fallback of a worker no peer
+can reach), plus `/file` for the star baseline (a plain HTTP download of the whole file). On loopback,
 where links cannot be capped by the kernel, the `--*-mbps` flags cap libtorrent's peer class and a
 token bucket caps HTTP, so both methods see the same limits.
 """
@@ -30,6 +32,8 @@ from urllib.parse import urlsplit
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.tracker import Tracker, parse_announce
+from echo2cli.broadcast.webseed import RangeError, TokenBucket, WebSeed
+from echo2cli.layout import VersionKey
 from echo2cli.units import mbps_to_bytes_per_s
 
 CHUNK = 256 * 1024
@@ -39,28 +43,32 @@ def say(**obj: object) -> None:
     print(json.dumps(obj), flush=True)
 
 
-class TokenBucket:
-    """Caps a byte rate shared by threads (0 = no cap)."""
-
-    def __init__(self, bytes_per_s: float) -> None:
-        self.rate = bytes_per_s
-        self.lock = threading.Lock()
-        self.next_free = time.monotonic()
-
-    def take(self, n: int) -> None:
-        if self.rate <= 0:
-            return
-        with self.lock:
-            now = time.monotonic()
-            start = max(now, self.next_free)
-            self.next_free = start + n / self.rate
-        time.sleep(max(0.0, start - now))
+def serve_web_seed(handler: BaseHTTPRequestHandler, web_seed: WebSeed, dir_name: str, file_name: str) -> None:
+    """`/webseed/<any key>/<dir>/<file>`: the learner's web seed, without its key check."""
+    try:
+        reply = web_seed.reply(dir_name, file_name, handler.headers.get("Range"))
+    except RangeError:
+        handler.send_error(416)
+        return
+    if reply is None:
+        handler.send_error(404)
+        return
+    handler.send_response(reply.status)
+    for name, value in reply.headers.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    for block in reply.body:
+        handler.wfile.write(block)
 
 
 def run_origin(args: argparse.Namespace) -> None:
     tracker, payload = Tracker(), Path(args.file)
     bucket = TokenBucket(mbps_to_bytes_per_s(args.up_mbps))
     sent = [0]
+    key = VersionKey(1)  # the payload is `<dir>/v000001/model.safetensors`, as the learner lays a version out
+    web_seed = WebSeed(
+        lambda d, f: (key, payload) if VersionKey.from_relpath(d, f) == key else None, mbps_to_bytes_per_s(args.up_mbps)
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a: object) -> None:
@@ -74,6 +82,8 @@ def run_origin(args: argparse.Namespace) -> None:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+            elif parts.path.startswith("/webseed/") and parts.path.count("/") == 4:
+                serve_web_seed(self, web_seed, *parts.path.split("/")[3:])
             elif parts.path == "/file":
                 self.send_response(200)
                 self.send_header("Content-Length", str(payload.stat().st_size))
@@ -95,7 +105,7 @@ def run_origin(args: argparse.Namespace) -> None:
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "stats":
-            say(bt_upload=node.upload_bytes(), http_upload=sent[0])
+            say(bt_upload=node.upload_bytes(), http_upload=sent[0], web_seed_upload=web_seed.total_sent())
         elif cmd == "quit":
             break
     server.shutdown()
@@ -110,6 +120,9 @@ def run_fetch(args: argparse.Namespace) -> None:
             f"{args.bind}:0",
             upload_limit_bytes_s=mbps_to_bytes_per_s(args.up_mbps),
             download_limit_bytes_s=mbps_to_bytes_per_s(args.down_mbps),
+            web_seed=args.web_seed or "",
+            web_seed_mode="fallback" if args.web_seed else "off",
+            learner_ip=urlsplit(args.web_seed).hostname or "" if args.web_seed else "",
         )
     say(ready=True)
     if sys.stdin.readline().strip() != "go":
@@ -124,7 +137,17 @@ def run_fetch(args: argparse.Namespace) -> None:
             if transfer.finished_at is not None:
                 break
             time.sleep(0.02)
-        say(done=True, t_done=transfer.finished_at, bytes=node.download_bytes(0), hash_failures=transfer.hash_failures)
+        origin = urlsplit(args.web_seed).hostname if args.web_seed else None
+        peers = transfer.handle.get_peer_info()
+        say(
+            from_origin=sum(p.total_download for p in peers if p.ip[0] == origin),
+            from_peers=sum(p.total_download for p in peers if p.ip[0] != origin),
+            done=True,
+            t_done=transfer.finished_at,
+            bytes=node.download_bytes(0),
+            hash_failures=transfer.hash_failures,
+            web_seed_at=transfer.web_seed_at,
+        )
     else:
         import httpx
 
@@ -156,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--method", choices=["swarm", "star"], default="swarm")
     p.add_argument("--out")
     p.add_argument("--url")
+    p.add_argument("--web-seed", default="", help="fetch: the origin's URL, whose /webseed/ is the fallback")
     p.add_argument("--slot", default="")
     p.add_argument("--up-mbps", type=float, default=0.0, help="application-level cap (loopback only)")
     p.add_argument("--down-mbps", type=float, default=0.0, help="application-level cap (loopback only)")
