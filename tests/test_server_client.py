@@ -158,7 +158,8 @@ def test_calls_as_a_worker_need_that_workers_own_session_token(app):
 
 
 def _forward(http: TestClient, request: httpx.Request) -> httpx.Response:
-    r = http.request(request.method, request.url.path, content=request.content, headers=dict(request.headers))
+    target = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
+    r = http.request(request.method, target, content=request.content, headers=dict(request.headers))
     return httpx.Response(r.status_code, content=r.content, headers=r.headers)
 
 
@@ -212,3 +213,15 @@ def test_a_restarted_learner_answers_session_lost_and_the_client_can_join_again(
         client.lease(LeaseRequest(worker_id=info.worker_id, version=0))
     again = client.join(JoinRequest(name="w"))  # with the join token, not the lost session's
     assert client.lease(LeaseRequest(worker_id=again.worker_id, version=0)).status == "ok"
+
+
+def test_policy_of_an_older_version_for_a_delta_chain_and_404_for_one_never_published(app):
+    http = TestClient(app)
+    auth = {"Authorization": "Bearer s3cret"}
+    assert http.get("/v1/policy?version=0", headers=auth).json()["version"] == 0
+    r = http.get("/v1/policy?version=7", headers=auth)
+    assert r.status_code == 404 and "never published" in r.json()["detail"]
+    client = LearnerClient("http://learner", "s3cret", transport=httpx.MockTransport(lambda q: _forward(http, q)))
+    assert client.policy(version=0).version == 0
+    with pytest.raises(ProtocolError, match="never published"):
+        client.policy(version=7)

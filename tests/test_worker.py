@@ -80,6 +80,42 @@ def test_a_delta_against_the_loaded_version_is_fetched_and_rebuilt_to_the_announ
     assert VersionKey(1) in worker.node.transfers  # the rebuilt version is seeded too
 
 
+def work_until_loaded(worker: Worker, version: int) -> None:
+    for _ in range(20):
+        if worker.store.loaded == version:
+            return
+        worker._work_once(Stats())
+    raise AssertionError(f"version {version} never loaded; loaded {worker.store.loaded}")
+
+
+def test_a_worker_several_versions_behind_applies_the_chain_of_deltas_to_the_published_sha256(tmp_path):
+    published = Published(tmp_path / "learner")
+    published.publish(0)
+    learner = FakeLearner(published, staleness=2)  # the learner keeps deltas S + 1 = 3 versions back
+    worker = started_worker(tmp_path, learner)
+    for v in (1, 2, 3):
+        publish(learner, v)  # the worker hears of none of them until v3 is out
+    work_until_loaded(worker, 3)
+    assert [(e["version"], e["via"]) for e in loads(worker)] == [(0, "full"), (1, "delta"), (2, "delta"), (3, "delta")]
+    assert learner.policy_asks.count(1) == 1 and learner.policy_asks.count(2) == 1  # one link at a time
+    for v in (1, 2, 3):  # each link rebuilt and checked against its published SHA-256
+        assert worker.store.weights(v).read_bytes() == VersionKey(v).path(published.root).read_bytes()
+
+
+def test_a_chain_longer_than_the_learner_keeps_or_missing_a_link_takes_the_full_version(tmp_path, learner):
+    worker = started_worker(tmp_path, learner)  # S = 1: the learner keeps 2 versions back
+    for v in (1, 2, 3):
+        publish(learner, v)
+    work_until_loaded(worker, 3)
+    assert [(e["version"], e["via"]) for e in loads(worker)] == [(0, "full"), (3, "full")]
+
+    publish(learner, 4)
+    publish(learner, 5)
+    learner.published.policies.pop(4)  # the learner cannot hand out the next link any more
+    work_until_loaded(worker, 5)
+    assert 4 in learner.policy_asks and (loads(worker)[-1]["version"], loads(worker)[-1]["via"]) == (5, "full")
+
+
 def test_a_delta_that_does_not_rebuild_the_version_falls_back_to_the_full_file(tmp_path, learner):
     worker = started_worker(tmp_path, learner)
     publish(learner, 1)

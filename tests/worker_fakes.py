@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
-from echo2cli.errors import SessionLost
+from echo2cli.errors import ProtocolError, SessionLost
 from echo2cli.layout import VersionKey
 from echo2cli.protocol import HeartbeatReply, JoinResponse, LeaseResponse, PolicyInfo, SubmitResult
 from echo2cli.worker.engine import Completion
@@ -133,6 +133,7 @@ class FakeLearner:
         self.lease_answers: list = []
         self.heartbeats: list = []
         self.unreachable_s = 1.0
+        self.policy_asks: list[int | None] = []  # the version each /policy call asked for (None: the newest)
 
     def join(self, req) -> JoinResponse:
         self.joins += 1
@@ -156,8 +157,11 @@ class FakeLearner:
     def model_file(self, name: str) -> bytes:
         return b"{}"
 
-    def policy(self, worker_id: str = "") -> PolicyInfo:
-        return self.published.policies[self.latest]
+    def policy(self, worker_id: str = "", version: int | None = None) -> PolicyInfo:
+        self.policy_asks.append(version)
+        if version is not None and version not in self.published.policies:
+            raise ProtocolError(f"version {version} was never published")
+        return self.published.policies[self.latest if version is None else version]
 
     def heartbeat(self, hb) -> HeartbeatReply:
         self.heartbeats.append(hb)

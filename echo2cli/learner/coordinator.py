@@ -216,15 +216,16 @@ class Coordinator:
             self.published.publish(policy)
 
     def latest_policy(self, worker_id: str | None = None) -> PolicyInfo:
-        """The newest version; for a worker, with its fetch slot among the active workers (join order).
-        A worker that asks is about to fetch it: until its heartbeat says otherwise, it is downloading it."""
+        """The newest version; for a worker, with its fetch slot (`Fleet.hand`)."""
         with self.lock:
-            policy = self.published.latest()
-            active = self.fleet.active()
-            self.fleet.handed(worker_id, policy.version)
-        if worker_id in active:
-            policy = policy.model_copy(update={"slot": active.index(worker_id), "slots": len(active)})
-        return policy
+            return self.fleet.hand(self.published.latest(), worker_id)
+
+    def policy_of(self, version: int, worker_id: str | None = None) -> PolicyInfo | None:
+        """An older version, handed out the same way (the next link of a worker's delta chain); None if never
+        published."""
+        with self.lock:
+            policy = self.published.policies.get(version)
+            return None if policy is None else self.fleet.hand(policy, worker_id)
 
     def finish(self) -> None:
         with self.lock:

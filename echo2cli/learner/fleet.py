@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo2cli.learner.types import RejectReason
-from echo2cli.protocol import Heartbeat, WorkerView
+from echo2cli.protocol import Heartbeat, PolicyInfo, WorkerView
 
 MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
 MAX_BAD_BATCHES = 5  # batches in a row with invalid data before a worker is cut off
@@ -102,6 +102,15 @@ class Fleet:
             for wid, w in self.workers.items()
             if not w.left and now - w.last_seen < INACTIVE_AFTER_BEATS * self.heartbeat_s
         ]
+
+    def hand(self, policy: PolicyInfo, worker_id: str | None) -> PolicyInfo:
+        """`policy` as a worker gets it: with its fetch slot among the active workers (join order). A worker that
+        asks is about to fetch it: until its heartbeat says otherwise, it is downloading it."""
+        active = self.active()
+        self.handed(worker_id, policy.version)
+        if worker_id in active:
+            policy = policy.model_copy(update={"slot": active.index(worker_id), "slots": len(active)})
+        return policy
 
     def handed(self, worker_id: str | None, version: int) -> None:
         """The worker was told of `version`: until its heartbeat says otherwise, it is fetching it."""

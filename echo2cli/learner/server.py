@@ -225,8 +225,14 @@ def _reader_routes(
         return FileResponse(model_dir / name)
 
     @router.get("/policy")
-    def policy(worker_id: str | None = None) -> PolicyInfo:
-        return coord.latest_policy(worker_id)
+    def policy(worker_id: str | None = None, version: int | None = None) -> PolicyInfo:
+        """The newest version, or `version` (a link of a delta chain)."""
+        if version is None:
+            return coord.latest_policy(worker_id)
+        found = coord.policy_of(version, worker_id)
+        if found is None:
+            raise HTTPException(404, f"version {version} was never published")
+        return found
 
     @router.get("/status")
     def status() -> Status:

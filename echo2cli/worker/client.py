@@ -139,8 +139,12 @@ class LearnerClient:
     def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         return self._call("POST", "/heartbeat", hb, HeartbeatReply)
 
-    def policy(self, worker_id: str = "") -> PolicyInfo:
-        query = f"?worker_id={quote(worker_id)}" if worker_id else ""
+    def policy(self, worker_id: str = "", version: int | None = None) -> PolicyInfo:
+        """The newest version, or `version`."""
+        params = ([f"worker_id={quote(worker_id)}"] if worker_id else []) + (
+            [f"version={version}"] if version is not None else []
+        )
+        query = f"?{'&'.join(params)}" if params else ""
         return self._call("GET", f"/policy{query}", None, PolicyInfo)
 
     def status(self) -> Status:

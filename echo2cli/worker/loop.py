@@ -173,7 +173,9 @@ class Worker:
         events = self._closing.enter_context(contextlib.closing(MetricsWriter(self.work_dir / "events.jsonl")))
         trust_for_torrents(self.cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
         self.node = self._closing.enter_context(contextlib.closing(self.make_node(info.tracker_key)))
-        self.store = VersionStore(self.node, self.work_dir / VERSIONS_DIR, events, self.console.log)
+        self.store = VersionStore(
+            self.node, self.work_dir / VERSIONS_DIR, events, self.console.log, chain_limit=info.staleness + 1
+        )
 
     def _leave(self) -> None:
         """Stop beating, hand our leases back (quick: a gone learner's lease timeout covers us), stop the engine."""
@@ -230,7 +232,12 @@ class Worker:
 
     def _follow(self, latest: int, block: bool = True) -> None:
         assert self.store is not None
-        self.store.follow(latest, lambda: self.client.policy(self.worker_id), block=block)
+        self.store.follow(
+            latest,
+            lambda: self.client.policy(self.worker_id),
+            block=block,
+            policy_of=lambda version: self.client.policy(self.worker_id, version),
+        )
 
     def _swap_if_ready(self) -> None:
         """Between leases: load a verified download into the engine, in place."""

@@ -11,7 +11,9 @@
     follow(latest)  a newer version was announced: fetch it once nothing is in progress, or once the download in
                     progress has stalled for FETCH_STALL_S. A download in progress is finished first, even
                     when newer versions appear: on a slow link a multi-GB version can take several learner
-                    steps, and abandoning it for each newer one would never finish anything.
+                    steps, and abandoning it for each newer one would never finish anything. A worker several
+                    versions behind applies the chain of deltas, one version at a time, when that is cheaper
+                    than the newest full file (`chain_link`).
     go_back(policy) the learner resumed from a checkpoint older than our versions: they no longer exist
 
 Every method but `ready` and `heartbeat_fields` takes `lock`: the worker's main loop (swaps, leases), its heartbeat
@@ -32,7 +34,7 @@ from typing import Any
 from echo2cli.broadcast.delta import apply_delta
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import TorrentFile, sha256_file
-from echo2cli.errors import BroadcastError
+from echo2cli.errors import BroadcastError, Echo2Error
 from echo2cli.layout import VersionKey
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import PolicyInfo
@@ -61,9 +63,36 @@ class Pending:
         return VersionKey(self.policy.version, delta=self.via is Via.DELTA)
 
 
+def chain_link(
+    newest: PolicyInfo, loaded: int, limit: int, policy_of: Callable[[int], PolicyInfo], log: Callable[[str], None]
+) -> PolicyInfo:
+    """What to fetch on the way to `newest` from the `loaded` (verified) version: the version after it, by its
+    delta, when the chain of deltas to `newest` is cheaper than `newest`'s full file; else `newest`.
+
+    Each link is swapped in like any version (a reload, generating meanwhile if the lease rules let it), and the
+    next `follow` fetches the link after it. A chain is at most `limit` long: the learner prunes older deltas.
+    Its cost is guessed from the newest delta's size; a link the learner cannot hand out, or that is not a delta
+    against the loaded version, ends the chain: the full file is fetched."""
+    hops = newest.version - loaded
+    if newest.delta_base == loaded or loaded < 0 or not 1 < hops <= limit or not newest.delta_size_bytes:
+        return newest
+    if hops * newest.delta_size_bytes >= newest.size_bytes:
+        return newest
+    try:
+        link = policy_of(loaded + 1)
+    except Echo2Error as exc:
+        log(f"no delta chain from version {loaded} to {newest.version} ({exc}): fetching the full version")
+        return newest
+    return link if link.delta_base == loaded and link.version == loaded + 1 else newest
+
+
 class VersionStore:
-    def __init__(self, node: TorrentNode, root: Path, events: MetricsWriter, log: Callable[[str], None]) -> None:
+    def __init__(
+        self, node: TorrentNode, root: Path, events: MetricsWriter, log: Callable[[str], None], chain_limit: int = 0
+    ) -> None:
+        """`chain_limit`: the longest chain of deltas to apply (the learner keeps S + 1 versions behind its newest)."""
         self.node, self.root, self.events, self.log = node, root, events, log
+        self.chain_limit = chain_limit
         self.lock = threading.RLock()
         self.loaded = -1  # the version the engine runs (or starts with)
         self.pending: Pending | None = None
@@ -95,7 +124,13 @@ class VersionStore:
             self.pending = Pending(policy, Via.FULL)
             self.node.fetch(self.pending.key, torrent.data, self.root, slot=slot)
 
-    def follow(self, latest: int, newest: Callable[[], PolicyInfo], block: bool = True) -> None:
+    def follow(
+        self,
+        latest: int,
+        newest: Callable[[], PolicyInfo],
+        block: bool = True,
+        policy_of: Callable[[int], PolicyInfo] | None = None,
+    ) -> None:
         """`latest` was announced: fetch the newest version (`newest()` asks the learner) if it is newer than what
         we hold and nothing is in progress, or what is in progress has stalled (then it is dropped).
         `block=False`: give up at once if the lock is taken (the heartbeat thread; the next beat tries again)."""
@@ -116,6 +151,8 @@ class VersionStore:
                 )
                 self._drop(pending.policy.version)
                 self.pending = None
+            if policy_of is not None and self._verified >= self.loaded:
+                policy = chain_link(policy, self.loaded, self.chain_limit, policy_of, self.log)
             self.start(policy)
         finally:
             self.lock.release()
