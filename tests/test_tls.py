@@ -147,8 +147,9 @@ def test_torrent_peers_find_each_other_through_the_https_tracker(https_learner, 
 def test_the_web_seed_works_over_https_for_a_worker_trusting_the_certificate(clock, tmp_path, monkeypatch):
     """A worker no peer can reach gets the version from the web seed of a TLS learner (libtorrent verifies it
     with the same trust bundle as the tracker)."""
+    from test_webseed import learner_app, serve_files
+
     from echo2cli.broadcast import node as node_module
-    from echo2cli.broadcast.webseed import WebSeed
     from echo2cli.layout import VersionKey
 
     monkeypatch.setattr(node_module, "WEB_SEED_AFTER_S", 0.2)
@@ -158,22 +159,8 @@ def test_the_web_seed_works_over_https_for_a_worker_trusting_the_certificate(clo
     root, version = tmp_path / "learner", VersionKey(1)
     version.path(root).parent.mkdir(parents=True)
     version.path(root).write_bytes(os.urandom(3 << 20))
-    web_seed = WebSeed(lambda d, f: (version, version.path(root)) if VersionKey.from_relpath(d, f) == version else None)
-    coord = make_coord(clock)
-    coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
-    )
-    app = build_app(
-        coord,
-        run_id="r",
-        join_info=JOIN_INFO,
-        model_dir=tmp_path,
-        model_files=[],
-        token="s3cret",
-        status_extra=dict,
-        target_steps=3,
-        web_seed=web_seed,
-    )
+    web_seed = serve_files(root, version)
+    app, coord = learner_app(clock, tmp_path, web_seed)
     sock = bind_socket("127.0.0.1", 0)
     server, thread = serve_in_thread(app, sock, (cert, key))
     url = f"https://127.0.0.1:{sock.getsockname()[1]}"
