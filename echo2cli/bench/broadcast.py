@@ -12,6 +12,9 @@ verified file (libtorrent checks every piece's SHA-1; the star's HTTP body is co
 
 Lower bound: T* = max(M/U, M/min d_i, N·M/(U + Σ u_i)) with M bytes, learner uplink U,
 worker downlinks d_i and uplinks u_i. Each row reports T_bcast/T* and learner upload ÷ M.
+
+ECHO2_BENCH_DEBUG=1 also prints each trial's per-worker reports to stderr (bytes from the learner and from
+peers, finish time, when it added the web seed): the trace behind docs/BENCHMARKS.md's tail analysis.
 """
 
 from __future__ import annotations

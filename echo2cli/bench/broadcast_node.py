@@ -113,6 +113,7 @@ def run_origin(args: argparse.Namespace) -> None:
 
 
 def run_fetch(args: argparse.Namespace) -> None:
+    origin = urlsplit(args.web_seed).hostname or "" if args.web_seed else ""  # the learner's address
     out = Path(args.out)
     node = None
     if args.method == "swarm":
@@ -122,7 +123,7 @@ def run_fetch(args: argparse.Namespace) -> None:
             download_limit_bytes_s=mbps_to_bytes_per_s(args.down_mbps),
             web_seed=args.web_seed or "",
             web_seed_mode="fallback" if args.web_seed else "off",
-            learner_ip=urlsplit(args.web_seed).hostname or "" if args.web_seed else "",
+            learner_ip=origin,
         )
     say(ready=True)
     if sys.stdin.readline().strip() != "go":
@@ -137,7 +138,6 @@ def run_fetch(args: argparse.Namespace) -> None:
             if transfer.finished_at is not None:
                 break
             time.sleep(0.02)
-        origin = urlsplit(args.web_seed).hostname if args.web_seed else None
         peers = transfer.handle.get_peer_info()
         say(
             from_origin=sum(p.total_download for p in peers if p.ip[0] == origin),
