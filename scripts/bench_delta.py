@@ -1,6 +1,6 @@
 """Delta size, encode (learner) and rebuild (worker) on real versions of the default model, against the
-previous format (a bitmap of the changed words and their XOR, computed on whole arrays) and a lower bound, all
-measured in the same run.
+previous format (`ECHO2DELTA2`: the same streams with the changed words in file order, not by exponent) and a
+lower bound, all measured in the same run.
 
     taskset -c 0 .venv/bin/python scripts/bench_delta.py [--repeats 3] [--dir runs/bench-delta]
 
@@ -10,8 +10,7 @@ batch of random tokens each): v1 -> v2 is a second step, as in a run. Each call 
 memory not yet touched; repeated in one process, the whole-array passes reuse already-faulted memory and look
 several times cheaper than they are in a run.
   size     the delta's bytes ÷ the version's, against the previous format's
-  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the previous format on whole
-           arrays (the files read whole, compared, indexed and XORed whole)
+  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the previous format
   apply    `apply_delta` on a verified base (the worker's case: rebuild, hash, write) vs the previous format
   bound    one SHA-256 pass over the target file: a rebuild must at least hash what it writes
 Run it pinned to one core (`taskset -c 0`, one torch thread): the learner of `echo2 bench staleness` runs so,
@@ -21,12 +20,10 @@ and on one core the background publish competes with training for the same cycle
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -39,62 +36,32 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_checkpoint import make_trainer  # noqa: E402
 from bench_train import make_groups  # noqa: E402
 
+from echo2cli.broadcast import delta as delta_module  # noqa: E402
 from echo2cli.broadcast.delta import apply_delta, encode_delta  # noqa: E402
 from echo2cli.broadcast.torrent import sha256_file  # noqa: E402
 from echo2cli.learner.trainer import write_weights  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
 
-PREVIOUS_MAGIC = b"ECHO2DELTA1\n"
 
-
-def read_header_v1(delta: Path) -> tuple[dict, int]:
-    data = delta.read_bytes()
-    (n,) = struct.unpack("<I", data[len(PREVIOUS_MAGIC) : len(PREVIOUS_MAGIC) + 4])
-    return json.loads(data[len(PREVIOUS_MAGIC) + 4 : len(PREVIOUS_MAGIC) + 4 + n]), len(PREVIOUS_MAGIC) + 4 + n
-
-
-def whole_encode(base: Path, target: Path, out: Path, base_sha256: str, target_sha256: str) -> None:
-    """The previous format (zstd of the bitmap of changed words, and of their XOR as two byte planes), computed
-    on whole arrays."""
-    import zstandard
-
-    old, new = np.fromfile(base, np.uint16), np.fromfile(target, np.uint16)
-    changed = old != new
-    xor = np.bitwise_xor(old[changed], new[changed])
-    planes = xor.view(np.uint8).reshape(-1, 2).T
-    z = zstandard.ZstdCompressor(level=3, threads=-1)
-    blobs = [z.compress(np.packbits(changed).tobytes()), z.compress(np.ascontiguousarray(planes).tobytes())]
-    header = {"words": int(new.size), "changed": int(xor.size), "blob_bytes": [len(b) for b in blobs]}
-    raw = json.dumps(header | {"base_sha256": base_sha256, "target_sha256": target_sha256}).encode()
-    out.write_bytes(PREVIOUS_MAGIC + struct.pack("<I", len(raw)) + raw + b"".join(blobs))
-
-
-def whole_apply(base: Path, delta: Path, out: Path, header: dict, offset: int) -> str:
-    """The previous format's rebuild on whole arrays: read, patch, hash, write."""
-    import zstandard
-
-    old = np.fromfile(base, np.uint16)
-    data = delta.read_bytes()[offset:]
-    z, (nb, np_) = zstandard.ZstdDecompressor(), header["blob_bytes"]
-    bits = np.frombuffer(z.decompress(data[:nb]), np.uint8)
-    planes = np.frombuffer(z.decompress(data[nb : nb + np_]), np.uint8)
-    changed = np.unpackbits(bits, count=header["words"]).view(bool)
-    old[changed] ^= np.ascontiguousarray(planes.reshape(2, -1).T).view(np.uint16).ravel()
-    digest = hashlib.sha256(old.data).hexdigest()
-    old.tofile(out)
-    return digest
+def file_order() -> None:
+    """The previous format in this process (`ECHO2DELTA2`): the same streams, with the changed words visited in
+    file order instead of by exponent."""
+    delta_module.visit_order = lambda words: np.arange(words.size)
 
 
 def one(variant: str, root: Path) -> None:
     """Time one call of `variant` in this (fresh) process; print the seconds."""
     base, target, delta = root / "v1.safetensors", root / "v2.safetensors", root / "v2.delta"
     meta = json.loads((root / "meta.json").read_text())
-    hb, ht, header, offset = meta["base_sha256"], meta["target_sha256"], meta["header"], meta["offset"]
+    hb, ht = meta["base_sha256"], meta["target_sha256"]
+    if variant.endswith("_file_order_s"):
+        file_order()
+    previous = root / "file_order.delta"
     calls = {
         "encode_s": lambda: encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht),
-        "encode_whole_s": lambda: whole_encode(base, target, root / "whole.delta", hb, ht),
+        "encode_file_order_s": lambda: encode_delta(base, target, previous, base_sha256=hb, target_sha256=ht),
         "apply_s": lambda: apply_delta(base, delta, root / "out", ht, base_verified=True),
-        "apply_whole_s": lambda: whole_apply(base, root / "whole.delta", root / "whole.out", header, offset),
+        "apply_file_order_s": lambda: apply_delta(base, previous, root / "file_order.out", ht, base_verified=True),
         "sha256_s": lambda: sha256_file(target),
     }
     t0 = time.perf_counter()
@@ -134,14 +101,10 @@ def main() -> None:
         delta = root / "v2.delta"
         header = encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht)
         assert apply_delta(base, delta, root / "out", ht, base_verified=True) == ht
-        whole_encode(base, target, whole := root / "whole.delta", hb, ht)
-        whole_header, whole_offset = read_header_v1(whole)
-        assert whole_apply(base, whole, root / "whole.out", whole_header, whole_offset) == ht
-        previous_bytes = whole.stat().st_size
-        meta = {"base_sha256": hb, "target_sha256": ht, "header": whole_header, "offset": whole_offset}
-        (root / "meta.json").write_text(json.dumps(meta))
-        variants = ("encode_s", "encode_whole_s", "apply_s", "apply_whole_s", "sha256_s")
+        (root / "meta.json").write_text(json.dumps({"base_sha256": hb, "target_sha256": ht}))
+        variants = ("encode_s", "encode_file_order_s", "apply_s", "apply_file_order_s", "sha256_s")
         figures = {v: timed(v, root, args.repeats) for v in variants}
+        previous_bytes = (root / "file_order.delta").stat().st_size
         full = target.stat().st_size
         print(
             f"version {full / 1e6:.0f} MB, {header['changed'] / header['words']:.2%} of words changed; delta "
@@ -150,12 +113,12 @@ def main() -> None:
             f"{header['delta_bytes'] / previous_bytes:.3f}x"
         )
         print(
-            f"encode  {figures['encode_s']:.3f} s   previous {figures['encode_whole_s']:.3f} s   "
-            f"{figures['encode_whole_s'] / figures['encode_s']:.2f}x faster"
+            f"encode  {figures['encode_s']:.3f} s   previous {figures['encode_file_order_s']:.3f} s   "
+            f"{figures['encode_s'] / figures['encode_file_order_s']:.2f}x its time"
         )
         print(
-            f"apply   {figures['apply_s']:.3f} s   previous {figures['apply_whole_s']:.3f} s   "
-            f"{figures['apply_whole_s'] / figures['apply_s']:.2f}x faster; "
+            f"apply   {figures['apply_s']:.3f} s   previous {figures['apply_file_order_s']:.3f} s   "
+            f"{figures['apply_s'] / figures['apply_file_order_s']:.2f}x its time; "
             f"{figures['apply_s'] / figures['sha256_s']:.2f}x one SHA-256 pass ({figures['sha256_s']:.3f} s)"
         )
         fractions = {"delta_fraction": header["delta_bytes"] / full, "previous_fraction": previous_bytes / full}

@@ -73,12 +73,14 @@ def test_delta_needs_the_same_layout(tmp_path):
 def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypatch):
     """Chunks of 512 words over a file of 2,003 (the last chunk partial): one-step moves, arbitrary new words
     (sign flips, other exponents), +0 <-> -0, the extremes, a run of unchanged words longer than a gap byte holds,
-    and a change in the last word."""
+    and a change in the last word. The base's words share one exponent but for four, so words are visited in file
+    order (`visit_order`) and unchanged runs make gaps."""
     from echo2cli.broadcast import delta as delta_module
 
     monkeypatch.setattr(delta_module, "CHUNK_WORDS", 512)
     rng = np.random.default_rng(1)
-    old = rng.integers(0, 1 << 16, size=2003, dtype=np.uint16)
+    signs = rng.integers(0, 2, size=2003, dtype=np.uint16) << 15
+    old = signs | 0x3F00 | rng.integers(0, 1 << 7, size=2003, dtype=np.uint16)
     old[[10, 11, 12, 13]] = [0x0000, 0x8000, 0x7FFF, 0xFFFF]
     new = old.copy()
     new[[10, 11, 12, 13]] = [0x8000, 0x0000, 0xFFFF, 0x7FFF]
@@ -94,6 +96,21 @@ def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypat
     assert streams["long"].size > 0 and streams["steps"].size > 0 and streams["counts"].tolist()[1:3] == [0, 30]
     assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
     assert (tmp_path / "out").read_bytes() == target.read_bytes()
+
+
+def test_words_are_visited_by_exponent_and_a_delta_of_mixed_exponents_rebuilds(tmp_path):
+    from echo2cli.broadcast.delta import visit_order
+
+    words = np.array([0x4000, 0x3F80, 0xBF81, 0x3C00, 0x3F82], np.uint16)  # exponents 128, 127, 127, 120, 127
+    assert visit_order(words).tolist() == [3, 1, 2, 4, 0]
+    rng = np.random.default_rng(2)
+    old = rng.integers(0, 1 << 16, size=5000, dtype=np.uint16)
+    new = old.copy()
+    new[rng.choice(5000, 400, replace=False)] ^= 1
+    old.tofile(base := tmp_path / "a")
+    new.tofile(target := tmp_path / "b")
+    encode_delta(base, target, tmp_path / "d")
+    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
 
 
 def test_position_orders_bf16_by_value_and_round_trips():

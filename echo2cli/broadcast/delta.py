@@ -2,8 +2,14 @@
 
 With a small learning rate, one optimizer step moves most bf16 weights by less than half a unit in
 the last place, so they round to the same 16 bits: measured on the default model at lr 5e-5, about
-5 % of the 16-bit words change per step, and 84 % of those by exactly one unit in the last place. The delta
-stores, for the changed words in file order,
+5 % of the 16-bit words change per step, and 84 % of those by exactly one unit in the last place. Whether a
+word changes depends mostly on its size: a step moves a small weight by more units in its last place than a
+large one (P(change) ranges from under 1 % to over 30 % across exponents). So each chunk's words are visited in
+order of their exponent in the base (a stable sort: file order within an exponent), which the rebuilding side
+knows too, and the changed words are coded in that order: the gaps between them are short where changes are
+dense and long where they are rare, which costs 28 % fewer bytes than gaps in file order (2.15 % of the
+version where file order took 2.89 %, one step of the default model at lr 5e-5). The delta stores, for the
+changed words in that order,
 
     counts   how many words change in each chunk of CHUNK_WORDS (uint32)
     gaps     unchanged words before each changed one, within its chunk (uint8; 255 = see `long`)
@@ -34,7 +40,7 @@ import numpy as np
 from echo2cli.broadcast.torrent import sha256_file
 from echo2cli.errors import BroadcastError
 
-MAGIC = b"ECHO2DELTA2\n"
+MAGIC = b"ECHO2DELTA3\n"
 STREAMS = ("counts", "gaps", "long", "signs", "big", "steps")
 
 CHUNK_WORDS = 1 << 18  # words per pass (512 KB of each file)
@@ -61,6 +67,11 @@ def position(words: np.ndarray) -> np.ndarray:
     return np.where(w >> 15 == 1, -magnitude - 1, magnitude)
 
 
+def visit_order(base_words: np.ndarray) -> np.ndarray:
+    """The order a chunk's words are coded in: by their bf16 exponent in the base, file order within one."""
+    return np.argsort((base_words >> 7) & 0xFF, kind="stable")
+
+
 def from_position(pos: np.ndarray) -> np.ndarray:
     """The inverse of `position`."""
     return np.where(pos < 0, 0x8000 | (-pos - 1), pos).astype(np.uint16)
@@ -82,6 +93,11 @@ def encode_delta(
     parts: dict[str, list[np.ndarray]] = {name: [] for name in STREAMS}
     for start in _chunks(new.size):
         a, b = old[start : start + CHUNK_WORDS], new[start : start + CHUNK_WORDS]
+        for name, words in (("base", a), ("target", b)):
+            if name in hashes:
+                hashes[name].update(words.data)
+        order = visit_order(a)
+        a, b = a[order], b[order]
         idx = np.flatnonzero(a != b)
         gaps = np.diff(idx, prepend=-1) - 1
         step = position(b[idx]) - position(a[idx])
@@ -92,9 +108,6 @@ def encode_delta(
         parts["signs"].append(step < 0)
         parts["big"].append(size > 1)
         parts["steps"].append((size[size > 1] - 2).astype(np.uint16))
-        for name, words in (("base", a), ("target", b)):
-            if name in hashes:
-                hashes[name].update(words.data)
     streams = {name: np.concatenate(p) if p else np.zeros(0, np.uint8) for name, p in parts.items()}
     streams["signs"], streams["big"] = np.packbits(streams["signs"]), np.packbits(streams["big"])
     steps = streams["steps"].astype(np.uint16).view(np.uint8)
@@ -123,7 +136,7 @@ def encode_delta(
 def read_header(delta: Path) -> tuple[dict, int]:
     with open(delta, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
-            raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA2)")
+            raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA3)")
         (n,) = struct.unpack("<I", f.read(4))
         try:
             return json.loads(f.read(n)), len(MAGIC) + 4 + n
@@ -203,9 +216,10 @@ def apply_delta(
                 long = gaps == LONG_GAP
                 n_long = int(np.count_nonzero(long))
                 gaps[long] = s["long"][used_long : used_long + n_long]
-                idx = np.cumsum(gaps + 1) - 1
-                if k and idx[-1] >= n:
+                visited = np.cumsum(gaps + 1) - 1  # positions in the chunk's visit order
+                if k and visited[-1] >= n:
                     raise BroadcastError(f"delta {delta} is inconsistent with its header")
+                idx = visit_order(old[start : start + n])[visited] if k else visited
                 big = s["big"][used : used + k]
                 n_big = int(np.count_nonzero(big))
                 steps = np.ones(k, np.int32)
