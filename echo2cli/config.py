@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from echo2cli.errors import ConfigError
 from echo2cli.hardware import parse_cpus
+from echo2cli.lora import DEFAULT_TARGETS
 from echo2cli.plan.model import kappa_problem
 from echo2cli.protocol import MAX_COMPLETION_TOKENS, MAX_PROMPT_TOKENS
 
@@ -61,6 +62,7 @@ class LearnerConfig(_Config):
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
         "Evaluation": "eval_every eval_limit eval_k",
         "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts",
+        "LoRA": "lora_rank lora_alpha lora_targets",
     }
 
     model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
@@ -140,6 +142,22 @@ class LearnerConfig(_Config):
         le=64,
         description="learner processes sharing the model with FSDP2 (launched with torchrun; one per GPU on CUDA)",
     )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=512,
+        description="train LoRA adapters of this rank on the frozen model; each version is the adapters, a few MB "
+        "(0 = full fine-tuning). One process only; LoRA usually wants a larger --lr",
+    )
+    lora_alpha: int = Field(
+        0,
+        ge=0,
+        description="LoRA scale: the update is (alpha / rank) B A",
+        json_schema_extra={"shown_default": "2 x rank"},
+    )
+    lora_targets: str = Field(
+        DEFAULT_TARGETS, description="comma-separated names of the linear layers that get adapters"
+    )
     seed: int = Field(0, description="seed of the prompt stream and of torch")
     host: str = Field("127.0.0.1", description="address the HTTP API and tracker bind to")
     port: int = Field(8700, ge=0, le=65535, description="port of the API and tracker (0 = any free port)")
@@ -217,6 +235,14 @@ class LearnerConfig(_Config):
         return self
 
     @model_validator(mode="after")
+    def _lora_one_process(self) -> LearnerConfig:
+        if self.lora_rank and self.nproc_per_node > 1:
+            raise ValueError("--lora-rank trains in one process: drop --nproc-per-node, or train the full model")
+        if self.lora_rank and not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise ValueError("--lora-targets names no layer: give e.g. q_proj,k_proj,v_proj,o_proj")
+        return self
+
+    @model_validator(mode="after")
     def _kappa_fits_staleness(self) -> LearnerConfig:
         if problem := kappa_problem(self.kappa, self.staleness):
             raise ValueError(problem)
@@ -228,7 +254,7 @@ class WorkerConfig(_Config):
 
     HELP_PANELS: ClassVar[dict[str, str]] = {
         "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
-        "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s",
+        "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s lora_load",
         "GPU host": "gpu_memory_utilization tensor_parallel_size max_num_seqs",
         "Swarm": "bt_listen uplink_mbps downlink_mbps web_seed verify_between_leases",
         "This worker": "name work_dir usd_per_hour",
@@ -288,6 +314,12 @@ class WorkerConfig(_Config):
         "waits, instead of on a thread of its own while it generates (which makes a swap only the reload): for a "
         "CPU host whose engine needs every core",
     )
+    lora_load: Literal["auto", "adapter", "merge"] = Field(
+        "auto",
+        description="how a LoRA run's versions reach the engine: as vLLM LoRA adapters (a swap takes ms; vLLM's CPU "
+        "LoRA path generates ~5x slower), or merged into the base on the prepare thread and reloaded like full "
+        "weights (merge); auto = adapter on CUDA, merge on CPU",
+    )
     usd_per_hour: float = Field(
         0.0, ge=0.0, description="price of this worker in $/h: the learner activates the cheapest per rollout first"
     )
@@ -315,6 +347,7 @@ class DemoConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    lora_rank: int = Field(0, ge=0, le=512, description="train LoRA adapters of this rank (0 = the full model)")
     port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
     learner_threads: int = Field(
         0,
@@ -471,6 +504,12 @@ class BenchStalenessConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    lora_rank: str = Field(
+        "0", description="LoRA ranks to run, comma-separated (0 = full fine-tuning; `echo2 learner --lora-rank`)"
+    )
+    lora_lr: float = Field(
+        0.0, ge=0.0, description="learning rate of the LoRA runs", json_schema_extra={"shown_default": "10 x --lr"}
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
     eval_limit: int = Field(200, ge=1, description="held-out problems in each run's final evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")

@@ -169,6 +169,7 @@ def _start(
         group_size=cfg.group_size,
         staleness=cfg.staleness,
         lr=cfg.lr,
+        lora_rank=cfg.lora_rank,
         quiet=True,
         torch_threads=cfg.learner_threads or learner_threads(os.cpu_count() or 1, cfg.workers),
     )

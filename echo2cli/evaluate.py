@@ -29,7 +29,9 @@ from echo2cli.config import EvalConfig
 from echo2cli.errors import ConfigError
 from echo2cli.layout import VERSIONS_DIR, VersionKey, kept_versions, weights_path
 from echo2cli.learner.checkpoint import find_checkpoint, read_state
+from echo2cli.lora import is_adapter, write_merged
 from echo2cli.models import model_dir_with_weights, resolve_model
+from echo2cli.protocol import MODEL_FILES
 from echo2cli.tasks import Problem, Score, encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
 
@@ -54,6 +56,8 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
     with contextlib.ExitStack() as stack:
         if cfg.version is not None and cfg.run is not None and checkpoint is not None:
             model = str(stack.enter_context(published_version(cfg.run, cfg.version, checkpoint)))
+        elif checkpoint is not None and model == str(checkpoint) and is_adapter(checkpoint):
+            model = str(stack.enter_context(lora_checkpoint(checkpoint)))
         result = evaluate(
             model or "default",
             task,
@@ -102,6 +106,25 @@ def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Pat
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
         yield model_dir_with_weights(mdir, checkpoint, weights)
+    finally:
+        shutil.rmtree(mdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def lora_checkpoint(checkpoint: Path) -> Iterator[Path]:
+    """A model directory for a LoRA run's checkpoint (adapters only): its adapters merged into the run's base,
+    version 0 of `RUN/versions`, kept for the whole run; removed afterwards."""
+    run = checkpoint.parent.parent
+    base = VersionKey(0).path(run / VERSIONS_DIR)
+    if not base.is_file():
+        raise ConfigError(f"{checkpoint} holds LoRA adapters, and their base {base} is gone: rerun the learner")
+    mdir = Path(tempfile.mkdtemp(prefix=f"eval-{checkpoint.name}-", dir=run))
+    try:
+        for name in MODEL_FILES:
+            if (checkpoint / name).exists():
+                shutil.copy2(checkpoint / name, mdir / name)
+        write_merged(mdir, checkpoint, base)
+        yield mdir
     finally:
         shutil.rmtree(mdir, ignore_errors=True)
 

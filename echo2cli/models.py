@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 
 from echo2cli.errors import ModelError
-from echo2cli.layout import WEIGHTS_FILE
+from echo2cli.layout import WEIGHTS_FILE, VersionKey
+from echo2cli.lora import is_adapter, write_merged
 from echo2cli.protocol import MODEL_FILES
 
 DEFAULT_MODEL = "default"
@@ -24,11 +25,15 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def model_dir_with_weights(dest: Path, config_from: Path, weights: Path) -> Path:
     """`dest` as a model directory: the config and tokenizer files of `config_from` and `weights` hard-linked
-    (copied across filesystems), so pruning the original leaves it whole."""
+    (copied across filesystems), so pruning the original leaves it whole. A LoRA run's version (adapters,
+    `echo2cli/lora.py`) is merged into its base, version 0 beside it, instead."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
         if (config_from / name).exists():
             shutil.copy2(config_from / name, dest / name)
+    if is_adapter(weights.parent):
+        write_merged(dest, weights.parent, VersionKey(0).path(weights.parent.parent))
+        return dest
     try:
         os.link(weights, dest / weights.name)
     except OSError:

@@ -57,8 +57,23 @@ class PolicyInfo(_Msg):
         default=None, max_length=MAX_TORRENT_B64, description="torrent of model.delta (see broadcast/delta)"
     )
     delta_size_bytes: int = Field(default=0, ge=0, le=MAX_VERSION_BYTES)
+    adapter: bool = Field(
+        default=False,
+        description="the file is a LoRA adapter (JoinResponse.lora) on version 0's full weights, the frozen base",
+    )
     slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
     slots: int = Field(default=1, ge=1, description="... out of this many shares (workers fetching now)")
+
+
+class LoraSpec(_Msg):
+    """The LoRA adapters a run trains (`echo2 learner --lora-rank`): what a worker needs to load a version's
+    adapter file into vLLM. The worker writes the adapter's config itself from these checked fields."""
+
+    rank: int = Field(ge=1, le=512, description="r: the adapters' rank")
+    alpha: int = Field(ge=1, le=65536, description="the update is (alpha / r) B A")
+    targets: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] = Field(
+        min_length=1, max_length=32, description="names of the linear layers that carry an adapter (q_proj, ...)"
+    )
 
 
 class JoinRequest(_Msg):
@@ -108,6 +123,7 @@ class JoinResponse(_Msg):
         max_length=len(MODEL_FILES), description="config/tokenizer files to fetch once from /v1/model/files/{name}"
     )
     policy: PolicyInfo
+    lora: LoraSpec | None = Field(default=None, description="versions after 0 are LoRA adapters (None: full weights)")
 
     @field_validator("model_files")
     @classmethod

@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
-from worker_fakes import FakeEngine, FakeLearner, FakeNode, Published
+from worker_fakes import FakeEngine, FakeLearner, FakeNode, Published, lora_adapter, lora_base
 
 from echo2cli.config import WorkerConfig
 from echo2cli.errors import BroadcastError, ProtocolError
 from echo2cli.layout import VersionKey
-from echo2cli.protocol import Lease, LeaseResponse, PromptItem
+from echo2cli.protocol import Lease, LeaseResponse, LoraSpec, PromptItem
 from echo2cli.worker import versions
 from echo2cli.worker.engine import Completion
 from echo2cli.worker.loop import Stats, Worker, rollout_batch
@@ -26,11 +26,12 @@ def learner(tmp_path):
     return FakeLearner(published)
 
 
-def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode, prepare_thread: bool = False) -> Worker:
+def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode, prepare_thread: bool = False, **cfg) -> Worker:
     """A worker that joined: its torrent session and version store are open, nothing fetched yet. Without
-    `prepare_thread` downloads are verified between leases, so each `_work_once` does a known part of the work."""
+    `prepare_thread` downloads are verified between leases, so each `_work_once` does a known part of the work.
+    `cfg`: more WorkerConfig fields."""
     worker = Worker(
-        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", verify_between_leases=not prepare_thread),
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", verify_between_leases=not prepare_thread, **cfg),
         client=learner,
         make_node=lambda key: node,
         make_engine=FakeEngine,
@@ -39,9 +40,9 @@ def joined_worker(tmp_path, learner: FakeLearner, node: FakeNode, prepare_thread
     return worker
 
 
-def started_worker(tmp_path, learner: FakeLearner, prepare_thread: bool = False) -> Worker:
+def started_worker(tmp_path, learner: FakeLearner, prepare_thread: bool = False, **cfg) -> Worker:
     """A worker that joined and started its engine on the learner's latest version."""
-    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root), prepare_thread)
+    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root), prepare_thread, **cfg)
     worker._start(worker.join_info)
     return worker
 
@@ -283,3 +284,77 @@ def test_a_lease_is_generated_and_submitted_and_unservable_prompts_handed_back(t
     )
     batch = rollout_batch("w1", lease, [[Completion([5], [-0.5], "stop")] * 2, []])
     assert [s.prompt_id for s in batch.samples] == [7, 7] and batch.unservable == [8]
+
+
+@pytest.fixture
+def lora_learner(tmp_path):
+    published = Published(tmp_path / "learner")
+    published.publish(0, content=lora_base())
+    learner = FakeLearner(published)
+    learner.lora = LoraSpec(rank=4, alpha=8, targets=["q_proj", "v_proj"])
+    return learner
+
+
+def test_a_lora_worker_runs_the_base_and_loads_each_version_as_adapters_keeping_the_base(tmp_path, lora_learner):
+    learner = lora_learner
+    publish(learner, 1, delta=False, adapter=True, content=lora_adapter(4))
+    worker = started_worker(tmp_path, learner, lora_load="adapter")
+    assert learner.policy_asks[0] == 0  # the newest version is adapters: the base, version 0, comes first
+    assert worker.engine.started_with == worker.store.weights(0) and worker.engine.lora == learner.lora
+    for v in (1, 2, 3, 4):
+        if v > 1:
+            publish(learner, v, delta=False, adapter=True, content=lora_adapter(4))
+            worker._work_once(Stats())  # the lease reply announces v: its fetch starts
+        worker._work_once(Stats())  # between leases: v is verified and its adapters loaded
+        version, adapters = worker.engine.adapters[-1]
+        assert version == v == worker.store.loaded and adapters == VersionKey(v).dir(worker.store.root)
+        assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 4
+        assert (adapters / "adapter_model.safetensors").resolve() == worker.store.weights(v)
+    assert worker.engine.reloads == []  # no version replaced the base's weights
+    assert (worker.work_dir / "engine" / "model.safetensors").resolve() == worker.store.weights(0)
+    assert VersionKey(0).dir(worker.store.root).exists()  # kept: S = 1 prunes v1, not the base
+    assert not VersionKey(1).dir(worker.store.root).exists()
+    assert [e["version"] for e in loads(worker)] == [0, 1, 2, 3, 4]
+
+
+def test_a_lora_worker_that_merges_reloads_each_version_folded_into_the_base(tmp_path, lora_learner):
+    from safetensors.torch import load, load_file
+
+    from echo2cli.lora import merge
+
+    worker = started_worker(tmp_path, lora_learner, lora_load="merge")
+    assert worker.engine.lora is None  # no vLLM LoRA: the engine runs full weights
+    for v in (1, 2):
+        publish(lora_learner, v, delta=False, adapter=True, content=lora_adapter(4))
+        worker._work_once(Stats())
+        worker._work_once(Stats())
+        assert worker.store.loaded == v and worker.engine.reloads[-1] == worker.store.merged(v)
+        base, adapters = load_file(str(worker.store.weights(0))), load_file(str(worker.store.weights(v)))
+        got = load(worker.engine.reloaded[-1])
+        want = merge(base, adapters, lora_learner.lora)
+        assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in got)
+        assert not worker.store.merged(v).exists()  # the engine has it: not kept on disk
+    assert worker.engine.adapters == [] and [e["version"] for e in loads(worker)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (lora_adapter(8), r"is \[8, 8\], not \[4, 8\]"),  # another rank than the spec's
+        (lora_adapter(4, a_shape=(4, 7)), r"is \[4, 7\], not \[4, 8\]"),  # vLLM would load this one
+        (b"not safetensors", "not a safetensors file"),
+    ],
+)
+def test_adapters_that_do_not_fit_the_base_are_refused_before_vllm_loads_them(tmp_path, lora_learner, content, message):
+    publish(lora_learner, 1, delta=False, adapter=True, content=content)
+    worker = started_worker(tmp_path, lora_learner, lora_load="merge")  # on the base; fetching version 1
+    with pytest.raises(BroadcastError, match="the adapters of version 1 do not fit the base model: .*" + message):
+        worker._work_once(Stats())
+    assert worker.engine.adapters == []
+
+
+def test_adapters_without_a_lora_spec_are_refused(tmp_path, learner):
+    publish(learner, 1, delta=False, adapter=True)  # and the join answer says nothing of LoRA
+    worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root))
+    with pytest.raises(BroadcastError, match="LoRA versions without a full base"):
+        worker._start(worker.join_info)

@@ -28,21 +28,26 @@ class Published:
         self.root = root
         self.policies: dict[int, PolicyInfo] = {}
 
-    def publish(self, version: int, *, delta: bool = True) -> PolicyInfo:
+    def publish(
+        self, version: int, *, delta: bool = True, adapter: bool = False, content: bytes | None = None
+    ) -> PolicyInfo:
+        """`adapter`: the version is marked as LoRA adapters; `content`: the file's bytes (default: the previous
+        version's with a few changed, or random)."""
         full = VersionKey(version)
         full.path(self.root).parent.mkdir(parents=True)
         base = self.policies.get(version - 1)
         data = bytearray(os.urandom(SIZE) if base is None else VersionKey(version - 1).path(self.root).read_bytes())
         data[version * 64 : version * 64 + 64] = os.urandom(64)  # a step changes a few weights
-        full.path(self.root).write_bytes(bytes(data))
+        full.path(self.root).write_bytes(content if content is not None else bytes(data))
         torrent = make_torrent(full.dir(self.root), "http://127.0.0.1:9/announce")
         policy = PolicyInfo(
             version=version,
             info_hash=torrent.info_hash,
             torrent_b64=torrent.b64,
             sha256=sha256_file(full.path(self.root)),
-            size_bytes=SIZE,
+            size_bytes=full.path(self.root).stat().st_size,
             published_at=time.time(),
+            adapter=adapter,
         )
         if base is not None and delta:
             key = VersionKey(version, delta=True)
@@ -58,6 +63,32 @@ class Published:
             )
         self.policies[version] = policy
         return policy
+
+
+LORA_LAYERS = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.self_attn.v_proj.weight": (4, 8)}
+
+
+def lora_base() -> bytes:
+    """A base model's safetensors file for LoRA tests: two small layers."""
+    import torch
+    from safetensors.torch import save
+
+    return save({k: torch.randn(shape).to(torch.bfloat16) for k, shape in LORA_LAYERS.items()})
+
+
+def lora_adapter(rank: int, a_shape: tuple[int, int] | None = None) -> bytes:
+    """Adapters of `rank` for every layer of `lora_base` (PEFT's names); `a_shape`: the first lora_A's shape
+    instead of the right one."""
+    import torch
+    from safetensors.torch import save
+
+    tensors = {}
+    for name, (out, inp) in LORA_LAYERS.items():
+        stem = "base_model.model." + name.removesuffix(".weight")
+        tensors[f"{stem}.lora_A.weight"] = torch.randn(a_shape or (rank, inp)).to(torch.bfloat16)
+        tensors[f"{stem}.lora_B.weight"] = torch.randn(out, rank).to(torch.bfloat16)
+        a_shape = None
+    return save(tensors)
 
 
 class FakeNode:
@@ -134,6 +165,7 @@ class FakeLearner:
         self.heartbeats: list = []
         self.unreachable_s = 1.0
         self.policy_asks: list[int | None] = []  # the version each /policy call asked for (None: the newest)
+        self.lora = None  # the LoraSpec the join answer carries
 
     def join(self, req) -> JoinResponse:
         self.joins += 1
@@ -152,6 +184,7 @@ class FakeLearner:
             heartbeat_s=3600.0,
             model_files=["config.json"],
             policy=self.published.policies[self.latest],
+            lora=self.lora,
         )
 
     def model_file(self, name: str) -> bytes:
@@ -192,10 +225,12 @@ class FakeLearner:
 class FakeEngine:
     """Generates two tokens per sample; remembers the weights it started with and every reload."""
 
-    def __init__(self, engine_dir: Path, context_len: int = 1024) -> None:
-        self.context_len = context_len
+    def __init__(self, engine_dir: Path, context_len: int = 1024, lora=None) -> None:
+        self.context_len, self.lora = context_len, lora
         self.started_with = (engine_dir / "model.safetensors").resolve()
         self.reloads: list[Path] = []
+        self.adapters: list[tuple[int, Path]] = []
+        self.reloaded: list[bytes] = []  # the weights file of each reload, read as the engine would
         self.closed = False
 
     def generate(self, prompts, *, n, temperature, max_new_tokens) -> list[list[Completion]]:
@@ -203,6 +238,11 @@ class FakeEngine:
 
     def reload(self, weights_dir: Path) -> float:
         self.reloads.append(weights_dir)
+        self.reloaded.append((weights_dir / "model.safetensors").read_bytes())
+        return 0.01
+
+    def load_adapter(self, version: int, adapter_dir: Path) -> float:
+        self.adapters.append((version, adapter_dir))
         return 0.01
 
     def close(self) -> None:

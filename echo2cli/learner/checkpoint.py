@@ -94,7 +94,18 @@ def find_checkpoint(path: Path) -> Path:
     return found[-1]
 
 
-FIXED_ON_RESUME = ("model", "task", "task_options", "seed", "group_size", "prompts_per_step", "max_new_tokens")
+FIXED_ON_RESUME = (
+    "model",
+    "task",
+    "task_options",
+    "seed",
+    "group_size",
+    "prompts_per_step",
+    "max_new_tokens",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+)
 
 
 def resume_check(saved: dict[str, Any], step: int, cfg: Any, had_token: bool = True) -> None:

@@ -49,6 +49,7 @@ from echo2cli.learner.server import bind_socket, build_app, serving
 from echo2cli.learner.sharded import ShardedTrainer, under_torchrun
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
+from echo2cli.lora import lora_spec
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.tasks import encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
@@ -132,6 +133,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         geo_low=cfg.geo_low,
         geo_high=cfg.geo_high,
         share_prompts=cfg.share_prompts,
+        lora=lora_spec(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets),
     )
 
 
@@ -240,6 +242,7 @@ class Learner:
             staleness=cfg.staleness,
             heartbeat_s=cfg.heartbeat_s,
             model_files=self.model_files,
+            lora=self.trainer.lora,
         )
         app = build_app(
             self.coord,

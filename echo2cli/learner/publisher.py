@@ -16,6 +16,10 @@ The learner is each version's first seed, and serves the files it seeds over HTT
 for workers that cannot reach any peer. Versions older than S + 1 behind the latest can no longer
 produce admissible rollouts, so they are dropped from the session and from disk — unless a joined worker is
 still fetching one (its first version, on a slow link): that one is seeded until the worker has it.
+
+With LoRA (`echo2cli/lora.py`) version 0 is the frozen base's full weights, published before any other and
+seeded for the whole run, and each later version is the adapters alone, with its `adapter_config.json` beside
+it (outside its torrent). Adapters change everywhere at every step, so they are published without deltas.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.trainer import Trainer, write_weights
+from echo2cli.lora import adapter_dir
 from echo2cli.protocol import PolicyInfo
 
 MAX_HELD_FOR_DOWNLOADS = 4  # old versions kept past S + 1 for workers still fetching them (bounds disk use)
@@ -66,6 +71,10 @@ class Publisher:
     def publish(self, version: int) -> None:
         """Copy the weights now; write and announce them in the background (see the module docstring)."""
         self.wait()
+        if self.trainer.lora is not None and 0 not in self.sizes:  # the base, once, before the first adapters
+            self._write_and_announce(0, self.trainer.base_weights_bf16(), time.perf_counter())
+            if version == 0:
+                return
         tensors = self.trainer.weights_bf16()
         if tensors is None:
             return
@@ -91,16 +100,19 @@ class Publisher:
 
     def _write_and_announce(self, version: int, tensors: dict[str, torch.Tensor], t0: float) -> PolicyInfo:
         full = VersionKey(version)
+        lora = self.trainer.lora if version > 0 else None
         with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
             write_weights(tensors, full.path(self.root))
             torrent = make_torrent(full.dir(self.root), self.tracker_url)
+            if lora is not None:  # after the torrent: for `echo2 eval`, not for the workers (they write their own)
+                adapter_dir(full.dir(self.root), lora)
         del tensors
         self.node.seed(full, torrent.data, self.root)
         size = full.path(self.root).stat().st_size
         self.hashes[version] = sha256_file(full.path(self.root))
         fields: dict = {}
         base = max((v for v in self.sizes if v < version), default=None)
-        if base is not None and self.sizes[base] == size:
+        if base is not None and self.sizes[base] == size and lora is None:
             delta = VersionKey(version, delta=True)
             with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
                 fields = self._publish_delta(base, version)
@@ -112,6 +124,7 @@ class Publisher:
             sha256=self.hashes[version],
             size_bytes=size,
             published_at=time.time(),  # T_bcast counts from here: workers can see it from now on
+            adapter=lora is not None,
             **fields,
         )
         self.coord.publish(info)
@@ -161,7 +174,8 @@ class Publisher:
     def _prune(self, latest: int) -> None:
         """Drop versions more than `keep` behind, except those a live worker is still fetching (a late joiner
         on a slow link), up to MAX_HELD_FOR_DOWNLOADS of them: nobody else seeds a version once it is pruned."""
-        old = sorted(v for v in self.sizes if v < latest - self.keep)
+        base = 0 if self.trainer.lora is not None else None  # a LoRA run's base is seeded for the whole run
+        old = sorted(v for v in self.sizes if v < latest - self.keep and v != base)
         wanted = self.coord.versions_in_download()
         held = [v for v in old if v in wanted][-MAX_HELD_FOR_DOWNLOADS:]
         for version in [v for v in old if v not in held]:

@@ -7,10 +7,15 @@ hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX), in fp32 elsewhere. Sequ
 prompt + completion exactly as the worker's engine produced them (no re-tokenization), right-padded, in
 micro-batches whose losses are weighted by their share of completion tokens so the step equals one
 token-level mean over the whole batch.
+
+With a LoraSpec the base stays frozen and only PEFT's adapters train (`echo2cli/lora.py`): a version is the
+adapter tensors, the KL reference is the same model with its adapters switched off, and a checkpoint holds the
+adapters and their optimizer state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import random
@@ -27,7 +32,8 @@ from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.types import Group
-from echo2cli.protocol import Sample
+from echo2cli.lora import ADAPTER_FILE
+from echo2cli.protocol import LoraSpec, Sample
 
 
 def _autocast_ok(device: torch.device) -> bool:
@@ -225,6 +231,7 @@ class Trainer:
         geo_low: float = 0.99,
         geo_high: float = 1.01,
         share_prompts: bool = True,
+        lora: LoraSpec | None = None,
         device: torch.device | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
@@ -233,7 +240,8 @@ class Trainer:
         that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
         backward pass instead of keeping them: less memory for long sequences, more compute. `off_policy`,
         `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`). `share_prompts`: run a prompt
-        shared by several sequences of a micro-batch once (`TokenLogp`)."""
+        shared by several sequences of a micro-batch once (`TokenLogp`). `lora`: train adapters of that spec on the
+        frozen model instead of the model itself."""
         from transformers import AutoModelForCausalLM
 
         from echo2cli.errors import ModelError
@@ -245,13 +253,25 @@ class Trainer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(f"model in {model_dir} does not load: {first}") from exc
         self.model.train()
+        self.lora, self.peft = lora, None
+        if lora is not None:  # adapters injected into self.model's layers; everything else frozen
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(
+                r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0, bias="none"
+            )
+            try:
+                self.peft = get_peft_model(self.model, config)
+            except ValueError as exc:  # a target that names no layer of this model
+                raise ModelError(f"--lora-targets {','.join(lora.targets)}: {exc}") from exc
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = TokenLogp(self.model, share_prompts)
         self.ref: TokenLogp | None = None
-        if kl_coef > 0:
+        if kl_coef > 0 and self.peft is None:
             self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False), share_prompts)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
@@ -338,9 +358,9 @@ class Trainer:
         ids, attn, mask, behaviour = self._collate([rows[i] for i in chunk])
         logp = self._token_logp(self.policy, ids, attn, mask)
         ref_logp = None
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_logp = self._token_logp(self.ref, ids, attn, mask)
+        if self.kl_coef > 0:
+            with torch.no_grad(), self._reference():
+                ref_logp = self._token_logp(self.ref or self.policy, ids, attn, mask)
         loss, metrics, per_row = grpo_loss(
             logp,
             behaviour,
@@ -358,6 +378,10 @@ class Trainer:
         (loss * (share * weight * self._loss_scale())).backward()
         outliers = worst_tokens(logp, behaviour, mask)
         return {"share": share, "metrics": metrics, "outliers": outliers, "rows": per_row}
+
+    def _reference(self) -> contextlib.AbstractContextManager:
+        """The KL reference is `self.ref`, or with LoRA the policy with its adapters off."""
+        return self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
 
     @staticmethod
     def _add_metrics(sums: dict[str, float], part: dict[str, Any]) -> None:
@@ -386,9 +410,26 @@ class Trainer:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights in bf16 on the CPU (None on a rank that does not write)."""
-        state = self.model.state_dict()
+        """The whole model's weights in bf16 on the CPU (None on a rank that does not write); with LoRA, the
+        adapters' alone, named as PEFT saves them."""
+        if self.peft is not None:
+            from peft import get_peft_model_state_dict
+
+            state = get_peft_model_state_dict(self.peft)
+        else:
+            state = self.model.state_dict()
         return {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
+
+    def base_weights_bf16(self) -> dict[str, torch.Tensor]:
+        """With LoRA: the frozen base's weights in bf16 (version 0), named as in the model without adapters."""
+        state = {
+            k.replace(".base_layer.", "."): v.detach().to("cpu", torch.bfloat16).contiguous()
+            for k, v in self.model.state_dict().items()
+            if ".lora_" not in k
+        }
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        return state
 
     def close(self) -> None:
         """Nothing to release in one process (a sharded trainer releases its other ranks)."""
@@ -416,7 +457,12 @@ class Trainer:
         self._load(directory)
 
     def _save(self, directory: Path) -> None:
-        self.model.save_pretrained(directory)
+        if self.peft is not None:  # the adapters (fp32) and the model's config; the base is version 0's file
+            self.peft.save_pretrained(str(directory))
+            self.model.config.save_pretrained(directory)
+            (directory / "README.md").unlink(missing_ok=True)  # PEFT's model card template
+        else:
+            self.model.save_pretrained(directory)
         torch.save(self.opt.state_dict(), directory / "optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -426,12 +472,15 @@ class Trainer:
     def _load(self, directory: Path) -> None:
         from safetensors.torch import load_file
 
-        state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
-            raise ValueError(
-                f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-            )
+        if self.peft is not None:
+            self._load_adapters(directory)
+        else:
+            state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
+                raise ValueError(
+                    f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
         if not (directory / "optimizer.pt").exists() and (directory / "dcp").is_dir():
             raise ValueError("it was written by a sharded learner: resume it with --nproc-per-node 2 or more")
         # weights_only: tensors, numbers and containers only. A checkpoint directory is data; with pickle's
@@ -450,6 +499,22 @@ class Trainer:
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _load_adapters(self, directory: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        if not (directory / ADAPTER_FILE).is_file():
+            raise ValueError(f"{directory} holds no {ADAPTER_FILE}: it is not a checkpoint of a LoRA run")
+        result: Any = set_peft_model_state_dict(
+            self.peft, load_file(str(directory / ADAPTER_FILE), device=str(self.device))
+        )
+        missing = [k for k in result.missing_keys if ".lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"checkpoint adapters do not fit --lora-rank/--lora-targets: missing {missing[:3]}, "
+                f"unexpected {result.unexpected_keys[:3]}"
+            )
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:

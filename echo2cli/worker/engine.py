@@ -13,6 +13,11 @@ adding top-k/top-p truncation the trainer would not know about. The trainer scor
 the importance weights compare the same two distributions at any temperature.
 On CPU the KV cache is sized in bytes (`kv_cache_memory_bytes`) because the GPU-style memory fraction
 fails there. vLLM is imported lazily: nothing else in echo2 needs it.
+
+In a LoRA run (`echo2cli/lora.py`) the engine runs the base with LoRA enabled, and `load_adapter` swaps in a
+version's adapters instead of weights: vLLM loads them as the adapter named `v<version>` (it keeps the last few
+in memory), and every later generate uses it. The adapter's name is in vLLM's prefix-cache keys, so the cache
+needs no reset.
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from echo2cli.errors import ModelError
 from echo2cli.hardware import compute_dtype, has_cuda
+from echo2cli.lora import vllm_rank
+from echo2cli.protocol import LoraSpec
 from echo2cli.worker.reaper import start_reaper
 from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV
 
@@ -72,8 +80,10 @@ def engine_kwargs(
     seed: int,
     kv_cache_gib: float,
     gpu: GpuSettings,
+    lora: LoraSpec | None = None,
+    adapters_kept: int = 1,
 ) -> dict:
-    """The arguments of `vllm.LLM` for one worker's engine."""
+    """The arguments of `vllm.LLM` for one worker's engine; with `lora`, room for `adapters_kept` adapters."""
     kwargs: dict = dict(
         model=str(model_dir),
         dtype=compute_dtype(cuda) if dtype == "auto" else dtype,
@@ -86,6 +96,8 @@ def engine_kwargs(
         # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
         enforce_eager=not cuda,
     )
+    if lora is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_rank(lora.rank), max_loras=1, max_cpu_loras=adapters_kept)
     if not cuda:
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         # vLLM's CPU default of 128-token blocks leaves prompts shorter than that out of the prefix
@@ -111,10 +123,13 @@ class Engine:
         dtype: str = "auto",
         all_cpus: bool = False,
         gpu: GpuSettings = GpuSettings(),
+        lora: LoraSpec | None = None,
+        adapters_kept: int = 1,
     ) -> None:
-        """`all_cpus` (CPU only): run the model on every CPU this process may use. vLLM's default keeps one
-        for its scheduler process, which on 2 cores halves the model's share; an engine that has the
-        machine to itself (`echo2 eval`) is ~1.5x faster with both (docs/BENCHMARKS.md)."""
+        """`lora`: versions after the first are adapters of this spec (`load_adapter`), `adapters_kept` of them
+        held by vLLM at once. `all_cpus` (CPU only): run the model on every CPU this process may use. vLLM's
+        default keeps one for its scheduler process, which on 2 cores halves the model's share; an engine that has
+        the machine to itself (`echo2 eval`) is ~1.5x faster with both (docs/BENCHMARKS.md)."""
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -129,7 +144,10 @@ class Engine:
             seed=seed,
             kv_cache_gib=kv_cache_gib,
             gpu=gpu,
+            lora=lora,
+            adapters_kept=adapters_kept,
         )
+        self.adapter: Any = None  # the LoRARequest every generate uses (None: the weights alone)
         if not cuda and all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             # read by the engine process vLLM spawns, which inherits this environment
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
@@ -177,7 +195,10 @@ class Engine:
             return [[] for _ in prompts]
         try:
             outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=prompts[i]) for i in ok], [params[i] for i in ok], use_tqdm=False
+                [TokensPrompt(prompt_token_ids=prompts[i]) for i in ok],
+                [params[i] for i in ok],
+                use_tqdm=False,
+                lora_request=self.adapter,
             )
         except Exception as exc:  # EngineDeadError and friends: the engine process is gone
             raise ModelError(f"the vLLM engine failed while generating: {exc}") from exc
@@ -198,6 +219,20 @@ class Engine:
                 "vLLM refused to reset its prefix cache after a weight swap: the next prompts "
                 "would reuse KV computed with the old weights"
             )
+        return time.perf_counter() - t0
+
+    def load_adapter(self, version: int, adapter_dir: Path) -> float:
+        """Generate with the LoRA adapters in `adapter_dir` (`lora.adapter_dir`) from now on; returns seconds taken.
+        They are loaded here, not at the next generate, so the swap's cost shows where it is paid."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        request = LoRARequest(f"v{version}", version + 1, str(adapter_dir))  # ids start at 1
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except Exception as exc:  # a malformed adapter file: vLLM raises ValueError, KeyError, RuntimeError...
+            raise ModelError(f"vLLM could not load the adapters of version {version}: {exc}") from exc
+        self.adapter = request
         return time.perf_counter() - t0
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ so swap, rejoin and late-join logic run in unit tests without sockets or vLLM.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import socket
 import threading
@@ -38,7 +39,8 @@ from rich.console import Console
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import WorkerConfig
-from echo2cli.errors import ProtocolError, SessionLost
+from echo2cli.errors import BroadcastError, ProtocolError, SessionLost
+from echo2cli.hardware import has_cuda
 from echo2cli.layout import VERSIONS_DIR, WEIGHTS_FILE
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import (
@@ -48,6 +50,7 @@ from echo2cli.protocol import (
     JoinResponse,
     Lease,
     LeaseRequest,
+    LoraSpec,
     RolloutBatch,
     Sample,
 )
@@ -68,6 +71,8 @@ class EngineLike(Protocol):
     ) -> list[list[Completion]]: ...
 
     def reload(self, weights_dir: Path) -> float: ...
+
+    def load_adapter(self, version: int, adapter_dir: Path) -> float: ...
 
     def close(self) -> None: ...
 
@@ -113,11 +118,11 @@ class Worker:
         *,
         client: LearnerClient,
         make_node: Callable[[str], TorrentNode],
-        make_engine: Callable[[Path, int], EngineLike],
+        make_engine: Callable[[Path, int, LoraSpec | None], EngineLike],
         console: Console | None = None,
     ) -> None:
-        """`make_node(tracker_key)`: the torrent session, once joined; `make_engine(engine_dir, context_len)`: the
-        engine, once the first version is here."""
+        """`make_node(tracker_key)`: the torrent session, once joined; `make_engine(engine_dir, context_len, lora)`:
+        the engine, once the first version is here (`lora`: the run's adapters, None for full weights)."""
         self.cfg, self.client, self.make_node, self.make_engine = cfg, client, make_node, make_engine
         self.console = console or Console(stderr=True, quiet=True)
         # absolute: the engine directory links to version files, and a relative link target would break
@@ -174,8 +179,20 @@ class Worker:
         trust_for_torrents(self.cfg.ca_cert, self.work_dir)  # before the torrent session: https tracker
         self.node = self._closing.enter_context(contextlib.closing(self.make_node(info.tracker_key)))
         self.store = VersionStore(
-            self.node, self.work_dir / VERSIONS_DIR, events, self.console.log, chain_limit=info.staleness + 1
+            self.node,
+            self.work_dir / VERSIONS_DIR,
+            events,
+            self.console.log,
+            chain_limit=info.staleness + 1,
+            lora=info.lora,
+            merge_adapters=self.merges_adapters(),
         )
+
+    def merges_adapters(self) -> bool:
+        """A LoRA run's versions are merged into the base and reloaded (`--lora-load`; auto: on CPU, where vLLM's
+        LoRA path generated ~5x slower than the base alone, docs/BENCHMARKS.md), not loaded as vLLM adapters."""
+        mode = self.cfg.lora_load
+        return mode == "merge" or (mode == "auto" and not has_cuda())
 
     def _leave(self) -> None:
         """Stop beating, hand our leases back (quick: a gone learner's lease timeout covers us), stop the engine."""
@@ -189,19 +206,25 @@ class Worker:
         """Fetch the newest version and start the engine on it. The heartbeat runs from the first fetch on, so a
         late joiner on a slow link follows the newest version (versions.py) while its first download runs."""
         assert self.store is not None
-        self.store.start(info.policy)
+        policy = info.policy
+        if policy.adapter:  # a LoRA run: the engine starts on the base, version 0; the newest adapters follow
+            policy = self.client.policy(self.worker_id, 0)
+            if policy.adapter or info.lora is None:
+                raise BroadcastError("the learner announces LoRA versions without a full base to apply them to")
+        self.store.start(policy)
         engine_dir = self._prepare_engine_dir(info)
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
         self._wait_download()
         first = self.store.take()
         self._link_weights(first.policy.version)
         self.context_len = self.cfg.max_model_len or info.context_len or DEFAULT_CONTEXT_LEN
-        self.engine = self.make_engine(
-            engine_dir, self.context_len
-        )  # meanwhile the heartbeat already fetches anything newer
+        # meanwhile the heartbeat already fetches anything newer
+        self.engine = self.make_engine(engine_dir, self.context_len, None if self.merges_adapters() else info.lora)
         self.store.record_load(self.worker_id, first, 0.0, t_swap=0.0)
         self._send_heartbeat()
         self.console.log(f"engine up with version {first.policy.version}")
+        if info.policy.version > first.policy.version:
+            self._follow(info.policy.version)
         if not self.cfg.verify_between_leases:
             threading.Thread(target=self._prepare_loop, daemon=True, name="prepare").start()
 
@@ -248,15 +271,32 @@ class Worker:
                 self.store.prepare()
             if self.store.pending is None or not self.store.ready():
                 return
-            version = self.store.pending.policy.version
-            t_reload = self.engine.reload(self.store.weights(version).parent)
+            policy = self.store.pending.policy
+            version, version_dir = policy.version, self.store.weights(policy.version).parent
+            if policy.adapter:
+                t_reload = self._load_adapters(version, version_dir)
+            else:
+                t_reload = self.engine.reload(version_dir)
             pending = self.store.take()  # after the reload: a heartbeat meanwhile still reports the old version
-            self._link_weights(version)
+            if not policy.adapter:  # the engine directory's weights stay the base in a LoRA run
+                self._link_weights(version)
             self.swap_s = time.perf_counter() - t0
             self.store.record_load(self.worker_id, pending, t_reload, t_stall=self.swap_s)
             self.console.log(f"loaded version {version} (reload {t_reload:.2f} s)")
             self._send_heartbeat()
-            self.store.prune(self.join_info.staleness)
+            self.store.prune(self.join_info.staleness, keep_base=self.join_info.lora is not None)
+
+    def _load_adapters(self, version: int, version_dir: Path) -> float:
+        """An adapter version, checked (and merged) by `VersionStore.prepare`, into the engine: as vLLM adapters, or
+        its merged weights reloaded (then removed: the engine has them). Returns the engine's seconds."""
+        assert self.store is not None and self.engine is not None
+        if not self.store.merge_adapters:
+            return self.engine.load_adapter(version, version_dir)
+        merged = self.store.merged(version)
+        try:
+            return self.engine.reload(merged)
+        finally:
+            shutil.rmtree(merged, ignore_errors=True)
 
     def _link_weights(self, version: int) -> None:
         """The engine directory's weights are the version loaded (replaced atomically): vLLM reads them at
@@ -394,7 +434,7 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             learner_ip=learner_ip(cfg.join),
         )
 
-    def make_engine(engine_dir: Path, context_len: int) -> EngineLike:
+    def make_engine(engine_dir: Path, context_len: int, lora: LoraSpec | None) -> EngineLike:
         from echo2cli.worker.engine import Engine, GpuSettings
 
         return Engine(
@@ -404,9 +444,12 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             gpu=GpuSettings(cfg.gpu_memory_utilization, cfg.tensor_parallel_size, cfg.max_num_seqs),
             seed=cfg.seed,
             dtype=cfg.dtype,
+            lora=lora,
+            adapters_kept=worker.join_info.staleness + 2,  # every admissible version, and the one arriving
         )
 
-    return Worker(cfg, client=client, make_node=make_node, make_engine=make_engine, console=console)
+    worker = Worker(cfg, client=client, make_node=make_node, make_engine=make_engine, console=console)
+    return worker
 
 
 def learner_ip(url: str) -> str:

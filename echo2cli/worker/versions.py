@@ -4,7 +4,8 @@
                     it applies to is the one loaded and verified, else the full version (the fetch slot first)
     prepare()       once the download is complete, verify it: libtorrent checked every piece, then the whole file's
                     SHA-256 (a delta is rebuilt and checked against the version's SHA-256, then seeded as the full
-                    version). The worker runs it on its own thread, so the engine generates meanwhile.
+                    version; LoRA adapters are checked against the base, and merged into it with `merge_adapters`).
+                    The worker runs it on its own thread, so the engine generates meanwhile.
     ready()         the pending version is verified: the swap is only the reload
     take()          the engine now runs it (record_load: a line of events.jsonl); prune(S) deletes versions older
                     than S + 1 behind it
@@ -23,6 +24,7 @@ starts halfway; `prepare` lets go of it while it hashes or rebuilds.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -36,8 +38,9 @@ from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import TorrentFile, sha256_file
 from echo2cli.errors import BroadcastError, Echo2Error
 from echo2cli.layout import VersionKey
+from echo2cli.lora import adapter_dir, check_adapter, write_merged
 from echo2cli.metrics import MetricsWriter
-from echo2cli.protocol import PolicyInfo
+from echo2cli.protocol import LoraSpec, PolicyInfo
 from echo2cli.worker.trust import check_torrent
 
 FETCH_STALL_S = 60.0  # a download without a byte for this long gives way to the newest version
@@ -88,11 +91,23 @@ def chain_link(
 
 class VersionStore:
     def __init__(
-        self, node: TorrentNode, root: Path, events: MetricsWriter, log: Callable[[str], None], chain_limit: int = 0
+        self,
+        node: TorrentNode,
+        root: Path,
+        events: MetricsWriter,
+        log: Callable[[str], None],
+        chain_limit: int = 0,
+        lora: LoraSpec | None = None,
+        merge_adapters: bool = False,
     ) -> None:
-        """`chain_limit`: the longest chain of deltas to apply (the learner keeps S + 1 versions behind its newest)."""
+        """`chain_limit`: the longest chain of deltas to apply (the learner keeps S + 1 versions behind its newest).
+        `lora`: the run's adapters, if it trains LoRA; `merge_adapters`: also fold each adapter version into the
+        base, into `merged(version)`, for an engine that reloads full weights."""
         self.node, self.root, self.events, self.log = node, root, events, log
         self.chain_limit = chain_limit
+        self.lora, self.merge_adapters = lora, merge_adapters
+        for stale in root.glob("v*.merged"):  # a merge left by a worker killed before its swap
+            shutil.rmtree(stale, ignore_errors=True)
         self.lock = threading.RLock()
         self.loaded = -1  # the version the engine runs (or starts with)
         self.pending: Pending | None = None
@@ -105,6 +120,10 @@ class VersionStore:
 
     def weights(self, version: int) -> Path:
         return VersionKey(version).path(self.root)
+
+    def merged(self, version: int) -> Path:
+        """The directory of an adapter version merged into the base (`merge_adapters`); removed once loaded."""
+        return self.root / (VersionKey(version).dir_name + ".merged")
 
     # -- fetching ------------------------------------------------------------------------------------
 
@@ -217,7 +236,10 @@ class VersionStore:
         checks the SHA-256), or whether the full file's SHA-256 is the announced one."""
         policy = pending.policy
         if pending.via is Via.FULL:
-            return sha256_file(self.weights(policy.version)) == policy.sha256
+            ok = sha256_file(self.weights(policy.version)) == policy.sha256
+            if ok and policy.adapter:
+                self._prepare_adapters(policy.version)
+            return ok
         assert policy.delta_base is not None
         t0 = time.perf_counter()
         apply_delta(
@@ -228,6 +250,23 @@ class VersionStore:
             base_verified=True,
         )
         return time.perf_counter() - t0
+
+    def _prepare_adapters(self, version: int) -> None:
+        """A verified adapter version: check it against the base (vLLM would load adapters of the wrong shapes without
+        a word), make its directory loadable as a PEFT adapter, and with `merge_adapters` fold it into the base."""
+        if self.lora is None:
+            raise BroadcastError(f"version {version} is LoRA adapters, and the learner gave no LoRA spec")
+        base = self.weights(0)
+        try:
+            check_adapter(self.weights(version), base, self.lora)
+        except ValueError as exc:
+            raise BroadcastError(f"the adapters of version {version} do not fit the base model: {exc}") from exc
+        adapters = adapter_dir(self.weights(version).parent, self.lora)
+        if self.merge_adapters:
+            merged = self.merged(version)
+            shutil.rmtree(merged, ignore_errors=True)
+            merged.mkdir(parents=True)
+            write_merged(merged, adapters, base)
 
     def _settle(self, pending: Pending, outcome: BaseException | float | bool) -> None:
         """Act on `_verify`'s outcome, under the lock (the torrent session is touched only under it)."""
@@ -264,6 +303,7 @@ class VersionStore:
     def _drop(self, version: int) -> None:
         for key in (VersionKey(version), VersionKey(version, delta=True)):
             self.node.remove(key, delete_dir=key.dir(self.root))
+        shutil.rmtree(self.merged(version), ignore_errors=True)
 
     # -- loading -------------------------------------------------------------------------------------
 
@@ -297,6 +337,7 @@ class VersionStore:
             "sha256": policy.sha256,
             "sha256_verified": True,
             "via": str(pending.via),
+            "adapter": policy.adapter,  # LoRA adapters on the base (t_reload: vLLM loading them)
             "downloaded_bytes": self.node.download_bytes(pending.key),
             "size_bytes": policy.size_bytes,
             "hash_failures": transfer.hash_failures,
@@ -309,11 +350,12 @@ class VersionStore:
             "time": time.time(),
         }
 
-    def prune(self, staleness: int) -> None:
-        """Versions older than S + 1 behind the loaded one can make no admissible rollout: delete them."""
+    def prune(self, staleness: int, keep_base: bool = False) -> None:
+        """Versions older than S + 1 behind the loaded one can make no admissible rollout: delete them (but version 0
+        with `keep_base`: a LoRA run's base, which the engine runs under every adapter and late joiners fetch)."""
         with self.lock:
             keep_after = self.loaded - (staleness + 1)
-            for key in [k for k in self._keys() if k.version < keep_after]:
+            for key in [k for k in self._keys() if k.version < keep_after and not (keep_base and k.version == 0)]:
                 self.node.remove(key, delete_dir=key.dir(self.root))
 
     def go_back(self, policy: PolicyInfo) -> None:
@@ -324,6 +366,7 @@ class VersionStore:
                 if key.version >= policy.version:
                     gone = key.version > policy.version
                     self.node.remove(key, delete_dir=key.dir(self.root) if gone else None)
+                    shutil.rmtree(self.merged(key.version), ignore_errors=True)
             self.loaded, self._verified, self.pending = -1, -1, None
             self.start(policy)
 
