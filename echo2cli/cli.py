@@ -384,7 +384,8 @@ def bench_staleness(
         print(json.dumps({"settings": table_rows, "runs": rows}))
         return
     table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
-    columns = ["S", "correction", "adaptive", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s", "vs S=0"]
+    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s"]
+    columns.append("vs S=0")
     columns.append("guard flagged")
     for col in columns:
         table.add_column(col, justify="right")
@@ -394,6 +395,7 @@ def bench_staleness(
             str(r["staleness"]),
             r["off_policy"],
             "yes" if r["adaptive"] else "no",
+            str(r["lora_rank"] or "-"),
             str(r["seeds"]),
             f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.2f}-{r['greedy_accuracy_max']:.2f})",
             f"{r['pass_at_k']:.3f}",

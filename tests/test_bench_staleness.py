@@ -23,6 +23,8 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     assert run_name(settings(BenchStalenessConfig(staleness="8", adaptive_staleness=True, seeds=1))[0]) == (
         "S8-token_tis-adaptive-seed0"
     )
+    lora = [run_name(s) for s in settings(BenchStalenessConfig(staleness="2", lora_rank="0,16", seeds=1))]
+    assert lora == ["S2-token_tis-seed0", "S2-token_tis-lora16-seed0"]  # rank 0 keeps the old runs' names
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,8 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
         ({"staleness": "0,two"}, "comma-separated integers"),
         ({"staleness": "0,-1"}, ">= 0"),
         ({"off_policy": "token_tis,ppo"}, "unknown --off-policy 'ppo'"),
+        ({"lora_rank": "16,x"}, "comma-separated integers"),
+        ({"lora_rank": "1024"}, "0 \\(the full model\\) to 512"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs, message):
@@ -38,8 +42,9 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
         settings(BenchStalenessConfig(**kwargs))
 
 
-def row(s, seed, acc, steady, mode="token_tis", ess=0.95):
+def row(s, seed, acc, steady, mode="token_tis", ess=0.95, lora_rank=0):
     return {
+        "lora_rank": lora_rank,
         "steps": 4,
         "health": {"train/is_ess": [ess] * 4, "train/kl_behaviour": [0.01] * 4, "train/clipfrac": [0.05] * 4},
         "guard": [],
@@ -65,6 +70,8 @@ def test_summary_averages_seeds_and_compares_wall_time_with_s0_of_the_same_corre
     assert s4["reward_last3"] == pytest.approx(0.3)
     (alone,) = summary([row(8, 0, 0.5, 50, mode="geo_mask")])
     assert alone["speedup_vs_sync"] is None  # no S = 0 run of geo_mask to compare with
+    full, lora = summary([row(0, 0, 0.6, 100), row(0, 0, 0.5, 80, lora_rank=16), row(2, 0, 0.4, 40, lora_rank=16)])[:2]
+    assert (full["lora_rank"], lora["lora_rank"]) == (0, 16) and lora["speedup_vs_sync"] == pytest.approx(1.0)
 
 
 def test_bucket_means_weigh_each_step_by_its_tokens():

@@ -40,7 +40,7 @@ HEALTH = ("train/kl_behaviour", "train/is_ess", "train/clipfrac", "train/is_trun
 
 
 def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
-    """Every (S, correction, seed) the config asks for, in run order (seeds innermost)."""
+    """Every (S, correction, LoRA rank, seed) the config asks for, in run order (seeds innermost)."""
     from echo2cli.learner.grpo import OFF_POLICY_MODES
 
     try:
@@ -52,17 +52,25 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"unknown --off-policy {bad[0]!r}: choose from {', '.join(OFF_POLICY_MODES)}")
     if any(s < 0 for s in bounds):
         raise ConfigError("--staleness values must be >= 0")
+    try:
+        ranks = [int(r) for r in cfg.lora_rank.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"--lora-rank takes comma-separated integers, got {cfg.lora_rank!r}") from exc
+    if any(not 0 <= r <= 512 for r in ranks):
+        raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
     return [
-        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "seed": seed}
+        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "lora_rank": r, "seed": seed}
         for s in bounds
         for m in modes
+        for r in ranks
         for seed in range(cfg.seeds)
     ]
 
 
 def run_name(setting: dict[str, Any]) -> str:
     adaptive = "-adaptive" if setting["adaptive"] else ""
-    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}-seed{setting['seed']}"
+    lora = f"-lora{setting['lora_rank']}" if setting.get("lora_rank") else ""
+    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}{lora}-seed{setting['seed']}"
 
 
 CORES = os.cpu_count() or 1
@@ -87,7 +95,8 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         max_new_tokens=cfg.max_new_tokens,
         staleness=setting["staleness"],
         kappa=1,
-        lr=cfg.lr,
+        lr=(cfg.lora_lr or 10 * cfg.lr) if setting["lora_rank"] else cfg.lr,
+        lora_rank=setting["lora_rank"] or None,
         kl_coef=cfg.kl_coef,
         seed=setting["seed"],
         off_policy=setting["off_policy"],
@@ -222,10 +231,10 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     which waits for the engines to start, to the end of the last)."""
     keyed: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"]), []).append(r)
-    base = {k[1]: statistics.mean(r["steady_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
+        keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), []).append(r)
+    base = {(k[1], k[3]): statistics.mean(r["steady_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
     out = []
-    for (s, mode, adaptive), runs in sorted(keyed.items()):
+    for (s, mode, adaptive, rank), runs in sorted(keyed.items()):
         acc = [r["eval_greedy_accuracy"] for r in runs]
         steady_s = statistics.mean(r["steady_s"] for r in runs)
         out.append(
@@ -233,6 +242,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "staleness": s,
                 "off_policy": mode,
                 "adaptive": adaptive,
+                "lora_rank": rank,
                 "seeds": len(runs),
                 "greedy_accuracy": statistics.mean(acc),
                 "greedy_accuracy_min": min(acc),
@@ -241,7 +251,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "reward_last3": statistics.mean(statistics.mean(r["reward"][-3:]) for r in runs),
                 "train_s": statistics.mean(r["train_s"] for r in runs),
                 "steady_s": steady_s,
-                "speedup_vs_sync": base[mode] / steady_s if mode in base else None,
+                "speedup_vs_sync": base[mode, rank] / steady_s if (mode, rank) in base else None,
                 "flagged_runs": sum(bool(_flags(r)) for r in runs),
                 "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
             }
