@@ -69,7 +69,7 @@ def position(words: np.ndarray) -> np.ndarray:
 
 def visit_order(base_words: np.ndarray) -> np.ndarray:
     """The order a chunk's words are coded in: by their bf16 exponent in the base, file order within one."""
-    return np.argsort((base_words >> 7) & 0xFF, kind="stable")
+    return np.argsort(((base_words >> 7) & 0xFF).astype(np.uint8), kind="stable")  # 8-bit keys: radix sort
 
 
 def from_position(pos: np.ndarray) -> np.ndarray:
