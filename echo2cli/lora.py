@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.protocol import LoraSpec
@@ -135,6 +135,72 @@ def check_adapter(adapter_file: Path, base_file: Path, spec: LoraSpec) -> None:
         pairs.setdefault(named[0], set()).add(named[1])
     if not pairs or any(len(p) != 2 for p in pairs.values()):
         raise ValueError("an adapted layer lacks its lora_A or lora_B, or there is no adapter at all")
+
+
+# -- the learner's side: PEFT adapters on the trainer's model ---------------------------------------------------
+
+
+def attach_adapters(model: torch.nn.Module, spec: LoraSpec) -> Any:
+    """PEFT's LoRA layers injected into `model` (in place; every other parameter frozen); the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    from echo2cli.errors import ModelError
+
+    config = LoraConfig(
+        r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0, bias="none"
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # a target that names no layer of this model
+        raise ModelError(f"--lora-targets {','.join(spec.targets)}: {exc}") from exc
+
+
+def adapter_state(peft: Any) -> dict[str, torch.Tensor]:
+    """The adapters' tensors, named as PEFT saves them (`base_model.model.<layer>.lora_A.weight`)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(peft)
+
+
+def base_state_bf16(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base's weights of a model with adapters, in bf16 on the CPU, named as without them; a tied lm_head
+    is left out as HF does."""
+    import torch
+
+    state = {
+        k.replace(".base_layer.", "."): v.detach().to("cpu", torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if ".lora_" not in k
+    }
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def save_adapters(peft: Any, directory: Path) -> None:
+    """A checkpoint's weights: the adapters (fp32) with their config, and the model's config."""
+    peft.save_pretrained(str(directory))
+    peft.get_base_model().config.save_pretrained(directory)
+    (directory / "README.md").unlink(missing_ok=True)  # PEFT's model card template
+
+
+def load_adapters(peft: Any, directory: Path, device: torch.device) -> None:
+    """`save_adapters`' adapters back into `peft`; ValueError if they do not fit its rank and targets."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not (directory / ADAPTER_FILE).is_file():
+        raise ValueError(f"{directory} holds no {ADAPTER_FILE}: it is not a checkpoint of a LoRA run")
+    result: Any = set_peft_model_state_dict(peft, load_file(str(directory / ADAPTER_FILE), device=str(device)))
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint adapters do not fit --lora-rank/--lora-targets: missing {missing[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}"
+        )
+
+
+# -- full weights from adapters ----------------------------------------------------------------------------
 
 
 def merged_weights(adapter: Path, base: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from conftest import make_coord
 
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
 from echo2cli.learner.publisher import MAX_HELD_FOR_DOWNLOADS, Publisher
-from echo2cli.protocol import Heartbeat, PolicyInfo
+from echo2cli.protocol import Heartbeat, LoraSpec, PolicyInfo
 from echo2cli.worker import versions
 from echo2cli.worker.versions import VersionStore
 
@@ -73,10 +73,13 @@ class FakeNode:
         return self.bytes
 
 
+FULL_WEIGHTS = SimpleNamespace(lora=None)  # what the publisher asks of a trainer when it prunes
+
+
 def test_the_publisher_keeps_seeding_old_versions_that_workers_still_fetch(tmp_path):
     wanted: set[int] = {1}
     coord = SimpleNamespace(versions_in_download=lambda: wanted)
-    pub = Publisher(None, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
+    pub = Publisher(FULL_WEIGHTS, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
     pub.sizes, pub.hashes = {v: 1 for v in range(8)}, {v: "x" for v in range(8)}
     pub._prune(7)
     assert sorted(pub.sizes) == [1, 5, 6, 7]
@@ -87,7 +90,7 @@ def test_the_publisher_keeps_seeding_old_versions_that_workers_still_fetch(tmp_p
 
 def test_versions_held_for_downloads_are_bounded(tmp_path):
     coord = SimpleNamespace(versions_in_download=lambda: set(range(20)))
-    pub = Publisher(None, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
+    pub = Publisher(FULL_WEIGHTS, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
     pub.sizes, pub.hashes = {v: 1 for v in range(20)}, {v: "x" for v in range(20)}
     pub._prune(19)
     assert len([v for v in pub.sizes if v < 17]) == MAX_HELD_FOR_DOWNLOADS
@@ -150,3 +153,12 @@ def test_a_seed_announces_often_enough_to_stay_listed_on_the_tracker():
         assert node.session.get_settings()["min_announce_interval"] <= ANNOUNCE_INTERVAL_S < Tracker().ttl_s
     finally:
         node.close()
+
+
+def test_a_lora_runs_base_is_never_pruned(tmp_path):
+    coord = SimpleNamespace(versions_in_download=lambda: set())
+    trainer = SimpleNamespace(lora=LoraSpec(rank=4, alpha=8, targets=["q_proj"]))
+    pub = Publisher(trainer, FakeNode(), coord, tmp_path, "http://t/announce", keep=2)
+    pub.sizes, pub.hashes = {v: 1 for v in range(8)}, {v: "x" for v in range(8)}
+    pub._prune(7)
+    assert sorted(pub.sizes) == [0, 5, 6, 7]  # version 0 is the base every adapter version applies to

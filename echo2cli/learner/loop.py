@@ -51,6 +51,7 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.lora import lora_spec
 from echo2cli.models import MODEL_FILES, resolve_model
+from echo2cli.protocol import LoraSpec
 from echo2cli.tasks import encode_chat, load_task
 from echo2cli.tasks.scoring import Scorer
 from echo2cli.tls import check_server_files, trust_for_torrents
@@ -149,6 +150,23 @@ def follow_learner(cfg: LearnerConfig) -> None:
     trainer.follow()
 
 
+def run_settings(
+    cfg: LearnerConfig, context_len: int | None, model_files: list[str], lora: LoraSpec | None
+) -> dict[str, Any]:
+    """What every join answer tells a worker of the run (besides its own credentials and the newest version)."""
+    return dict(
+        task=cfg.task,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        context_len=context_len,
+        temperature=cfg.temperature,
+        staleness=cfg.staleness,
+        heartbeat_s=cfg.heartbeat_s,
+        model_files=model_files,
+        lora=lora,
+    )
+
+
 class Learner:
     def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
         self.cfg, self.out = cfg, cfg.out_dir
@@ -233,17 +251,7 @@ class Learner:
         self.publisher.publish(self.start_step)
         self.publisher.wait()
         cfg = self.cfg
-        join_info = dict(
-            task=cfg.task,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            context_len=self.coord.prompts.max_seq_len,
-            temperature=cfg.temperature,
-            staleness=cfg.staleness,
-            heartbeat_s=cfg.heartbeat_s,
-            model_files=self.model_files,
-            lora=self.trainer.lora,
-        )
+        join_info = run_settings(cfg, self.coord.prompts.max_seq_len, self.model_files, self.trainer.lora)
         app = build_app(
             self.coord,
             run_id=self.run_id,

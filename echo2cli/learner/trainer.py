@@ -32,7 +32,7 @@ from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.types import Group
-from echo2cli.lora import ADAPTER_FILE
+from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
 
 
@@ -253,17 +253,8 @@ class Trainer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(f"model in {model_dir} does not load: {first}") from exc
         self.model.train()
-        self.lora, self.peft = lora, None
-        if lora is not None:  # adapters injected into self.model's layers; everything else frozen
-            from peft import LoraConfig, get_peft_model
-
-            config = LoraConfig(
-                r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets), lora_dropout=0.0, bias="none"
-            )
-            try:
-                self.peft = get_peft_model(self.model, config)
-            except ValueError as exc:  # a target that names no layer of this model
-                raise ModelError(f"--lora-targets {','.join(lora.targets)}: {exc}") from exc
+        self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
+        self.peft = attach_adapters(self.model, lora) if lora is not None else None
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = TokenLogp(self.model, share_prompts)
@@ -412,24 +403,12 @@ class Trainer:
     def _full_state(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights in bf16 on the CPU (None on a rank that does not write); with LoRA, the
         adapters' alone, named as PEFT saves them."""
-        if self.peft is not None:
-            from peft import get_peft_model_state_dict
-
-            state = get_peft_model_state_dict(self.peft)
-        else:
-            state = self.model.state_dict()
+        state = adapter_state(self.peft) if self.peft is not None else self.model.state_dict()
         return {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
 
     def base_weights_bf16(self) -> dict[str, torch.Tensor]:
         """With LoRA: the frozen base's weights in bf16 (version 0), named as in the model without adapters."""
-        state = {
-            k.replace(".base_layer.", "."): v.detach().to("cpu", torch.bfloat16).contiguous()
-            for k, v in self.model.state_dict().items()
-            if ".lora_" not in k
-        }
-        if getattr(self.model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        return state
+        return base_state_bf16(self.model)
 
     def close(self) -> None:
         """Nothing to release in one process (a sharded trainer releases its other ranks)."""
@@ -458,9 +437,7 @@ class Trainer:
 
     def _save(self, directory: Path) -> None:
         if self.peft is not None:  # the adapters (fp32) and the model's config; the base is version 0's file
-            self.peft.save_pretrained(str(directory))
-            self.model.config.save_pretrained(directory)
-            (directory / "README.md").unlink(missing_ok=True)  # PEFT's model card template
+            save_adapters(self.peft, directory)
         else:
             self.model.save_pretrained(directory)
         torch.save(self.opt.state_dict(), directory / "optimizer.pt")
@@ -473,7 +450,7 @@ class Trainer:
         from safetensors.torch import load_file
 
         if self.peft is not None:
-            self._load_adapters(directory)
+            load_adapters(self.peft, directory, self.device)
         else:
             state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
             missing, unexpected = self.model.load_state_dict(state, strict=False)
@@ -499,22 +476,6 @@ class Trainer:
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-
-    def _load_adapters(self, directory: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        if not (directory / ADAPTER_FILE).is_file():
-            raise ValueError(f"{directory} holds no {ADAPTER_FILE}: it is not a checkpoint of a LoRA run")
-        result: Any = set_peft_model_state_dict(
-            self.peft, load_file(str(directory / ADAPTER_FILE), device=str(self.device))
-        )
-        missing = [k for k in result.missing_keys if ".lora_" in k]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"checkpoint adapters do not fit --lora-rank/--lora-targets: missing {missing[:3]}, "
-                f"unexpected {result.unexpected_keys[:3]}"
-            )
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:

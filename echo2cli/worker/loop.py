@@ -51,6 +51,7 @@ from echo2cli.protocol import (
     Lease,
     LeaseRequest,
     LoraSpec,
+    PolicyInfo,
     RolloutBatch,
     Sample,
 )
@@ -185,14 +186,8 @@ class Worker:
             self.console.log,
             chain_limit=info.staleness + 1,
             lora=info.lora,
-            merge_adapters=self.merges_adapters(),
+            merge_adapters=merges_adapters(self.cfg.lora_load),
         )
-
-    def merges_adapters(self) -> bool:
-        """A LoRA run's versions are merged into the base and reloaded (`--lora-load`; auto: on CPU, where vLLM's
-        LoRA path generated ~5x slower than the base alone, docs/BENCHMARKS.md), not loaded as vLLM adapters."""
-        mode = self.cfg.lora_load
-        return mode == "merge" or (mode == "auto" and not has_cuda())
 
     def _leave(self) -> None:
         """Stop beating, hand our leases back (quick: a gone learner's lease timeout covers us), stop the engine."""
@@ -216,10 +211,9 @@ class Worker:
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
         self._wait_download()
         first = self.store.take()
-        self._link_weights(first.policy.version)
+        link_weights(engine_dir, self.store.weights(first.policy.version))
         self.context_len = self.cfg.max_model_len or info.context_len or DEFAULT_CONTEXT_LEN
-        # meanwhile the heartbeat already fetches anything newer
-        self.engine = self.make_engine(engine_dir, self.context_len, None if self.merges_adapters() else info.lora)
+        self.engine = self.make_engine(engine_dir, self.context_len, None if self.store.merge_adapters else info.lora)
         self.store.record_load(self.worker_id, first, 0.0, t_swap=0.0)
         self._send_heartbeat()
         self.console.log(f"engine up with version {first.policy.version}")
@@ -272,41 +266,16 @@ class Worker:
             if self.store.pending is None or not self.store.ready():
                 return
             policy = self.store.pending.policy
-            version, version_dir = policy.version, self.store.weights(policy.version).parent
-            if policy.adapter:
-                t_reload = self._load_adapters(version, version_dir)
-            else:
-                t_reload = self.engine.reload(version_dir)
+            version = policy.version
+            t_reload = load_version(self.engine, self.store, policy)
             pending = self.store.take()  # after the reload: a heartbeat meanwhile still reports the old version
             if not policy.adapter:  # the engine directory's weights stay the base in a LoRA run
-                self._link_weights(version)
+                link_weights(self.work_dir / "engine", self.store.weights(version))
             self.swap_s = time.perf_counter() - t0
             self.store.record_load(self.worker_id, pending, t_reload, t_stall=self.swap_s)
             self.console.log(f"loaded version {version} (reload {t_reload:.2f} s)")
             self._send_heartbeat()
             self.store.prune(self.join_info.staleness, keep_base=self.join_info.lora is not None)
-
-    def _load_adapters(self, version: int, version_dir: Path) -> float:
-        """An adapter version, checked (and merged) by `VersionStore.prepare`, into the engine: as vLLM adapters, or
-        its merged weights reloaded (then removed: the engine has them). Returns the engine's seconds."""
-        assert self.store is not None and self.engine is not None
-        if not self.store.merge_adapters:
-            return self.engine.load_adapter(version, version_dir)
-        merged = self.store.merged(version)
-        try:
-            return self.engine.reload(merged)
-        finally:
-            shutil.rmtree(merged, ignore_errors=True)
-
-    def _link_weights(self, version: int) -> None:
-        """The engine directory's weights are the version loaded (replaced atomically): vLLM reads them at
-        start, and a version the worker pruned must not leave a dangling link."""
-        assert self.store is not None
-        link = self.work_dir / "engine" / WEIGHTS_FILE
-        tmp = link.with_name(WEIGHTS_FILE + ".link")
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(self.store.weights(version))
-        tmp.replace(link)
 
     # -- heartbeats ----------------------------------------------------------------------------------
 
@@ -411,6 +380,37 @@ class Worker:
         if behind:
             self._wait_download()
             self._swap_if_ready()
+
+
+def load_version(engine: EngineLike, store: VersionStore, policy: PolicyInfo) -> float:
+    """A verified version into the engine, in place; returns the engine's seconds. Full weights are reloaded. A LoRA
+    run's adapters (checked, and merged if so asked, by `VersionStore.prepare`) are loaded as vLLM adapters, or
+    their merge with the base is reloaded and then removed: the engine has it."""
+    version_dir = store.weights(policy.version).parent
+    if not policy.adapter:
+        return engine.reload(version_dir)
+    if not store.merge_adapters:
+        return engine.load_adapter(policy.version, version_dir)
+    try:
+        return engine.reload(store.merged(policy.version))
+    finally:
+        shutil.rmtree(store.merged(policy.version), ignore_errors=True)
+
+
+def merges_adapters(lora_load: str) -> bool:
+    """A LoRA run's versions are merged into the base and reloaded (`--lora-load`; auto: on CPU, where vLLM's LoRA path
+    generated ~5x slower than the base alone, docs/BENCHMARKS.md), not loaded as vLLM adapters."""
+    return lora_load == "merge" or (lora_load == "auto" and not has_cuda())
+
+
+def link_weights(engine_dir: Path, weights: Path) -> None:
+    """The engine directory's weights are the version loaded (replaced atomically): vLLM reads them at start, and a
+    version the worker pruned must not leave a dangling link."""
+    link = engine_dir / WEIGHTS_FILE
+    tmp = link.with_name(WEIGHTS_FILE + ".link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(weights)
+    tmp.replace(link)
 
 
 def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:

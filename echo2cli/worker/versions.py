@@ -89,6 +89,22 @@ def chain_link(
     return link if link.delta_base == loaded and link.version == loaded + 1 else newest
 
 
+def prepare_adapters(version: int, weights: Path, base: Path, lora: LoraSpec | None, merged: Path | None) -> None:
+    """A verified adapter version: check it against the base (vLLM would load adapters of the wrong shapes without
+    a word), make its directory loadable as a PEFT adapter, and with a `merged` directory fold it into the base."""
+    if lora is None:
+        raise BroadcastError(f"version {version} is LoRA adapters, and the learner gave no LoRA spec")
+    try:
+        check_adapter(weights, base, lora)
+    except ValueError as exc:
+        raise BroadcastError(f"the adapters of version {version} do not fit the base model: {exc}") from exc
+    adapters = adapter_dir(weights.parent, lora)
+    if merged is not None:
+        shutil.rmtree(merged, ignore_errors=True)
+        merged.mkdir(parents=True)
+        write_merged(merged, adapters, base)
+
+
 class VersionStore:
     def __init__(
         self,
@@ -238,7 +254,8 @@ class VersionStore:
         if pending.via is Via.FULL:
             ok = sha256_file(self.weights(policy.version)) == policy.sha256
             if ok and policy.adapter:
-                self._prepare_adapters(policy.version)
+                merged = self.merged(policy.version) if self.merge_adapters else None
+                prepare_adapters(policy.version, self.weights(policy.version), self.weights(0), self.lora, merged)
             return ok
         assert policy.delta_base is not None
         t0 = time.perf_counter()
@@ -250,23 +267,6 @@ class VersionStore:
             base_verified=True,
         )
         return time.perf_counter() - t0
-
-    def _prepare_adapters(self, version: int) -> None:
-        """A verified adapter version: check it against the base (vLLM would load adapters of the wrong shapes without
-        a word), make its directory loadable as a PEFT adapter, and with `merge_adapters` fold it into the base."""
-        if self.lora is None:
-            raise BroadcastError(f"version {version} is LoRA adapters, and the learner gave no LoRA spec")
-        base = self.weights(0)
-        try:
-            check_adapter(self.weights(version), base, self.lora)
-        except ValueError as exc:
-            raise BroadcastError(f"the adapters of version {version} do not fit the base model: {exc}") from exc
-        adapters = adapter_dir(self.weights(version).parent, self.lora)
-        if self.merge_adapters:
-            merged = self.merged(version)
-            shutil.rmtree(merged, ignore_errors=True)
-            merged.mkdir(parents=True)
-            write_merged(merged, adapters, base)
 
     def _settle(self, pending: Pending, outcome: BaseException | float | bool) -> None:
         """Act on `_verify`'s outcome, under the lock (the torrent session is touched only under it)."""
@@ -323,32 +323,11 @@ class VersionStore:
         transfer = self.node.transfers.get(pending.key) or self.node.transfers[VersionKey(pending.policy.version)]
         if t_swap is None:
             t_swap = time.time() - (transfer.finished_at or time.time())
-        event = self._load_event(worker_id, pending, transfer, t_reload, t_swap)
+        verify_s = max(0.0, self._verified_at - (transfer.finished_at or time.time()))  # last piece -> verified
+        rebuild_s = self._t_rebuild if pending.via is Via.DELTA else 0.0
+        downloaded = self.node.download_bytes(pending.key)
+        event = load_event(worker_id, pending, transfer, downloaded, rebuild_s, verify_s, t_reload, t_swap)
         self.events.write(event | {"t_stall_s": t_stall})
-
-    def _load_event(self, worker_id: str, pending: Pending, transfer: Any, t_reload: float, t_swap: float) -> dict:
-        policy = pending.policy
-        finished = transfer.finished_at or time.time()
-        return {
-            "event": "loaded",
-            "worker_id": worker_id,
-            "version": policy.version,
-            "info_hash": policy.info_hash,
-            "sha256": policy.sha256,
-            "sha256_verified": True,
-            "via": str(pending.via),
-            "adapter": policy.adapter,  # LoRA adapters on the base (t_reload: vLLM loading them)
-            "downloaded_bytes": self.node.download_bytes(pending.key),
-            "size_bytes": policy.size_bytes,
-            "hash_failures": transfer.hash_failures,
-            "web_seed": transfer.web_seed_at is not None,  # it asked the learner's web seed too
-            "t_download_s": finished - transfer.started,
-            "t_rebuild_s": self._t_rebuild if pending.via is Via.DELTA else 0.0,
-            "t_verify_s": max(0.0, self._verified_at - finished),  # last piece -> verified: hash or rebuild
-            "t_reload_s": t_reload,
-            "t_swap_s": t_swap,
-            "time": time.time(),
-        }
 
     def prune(self, staleness: int, keep_base: bool = False) -> None:
         """Versions older than S + 1 behind the loaded one can make no admissible rollout: delete them (but version 0
@@ -389,3 +368,37 @@ class VersionStore:
             "ready_version": pending.policy.version if pending and self._verified == pending.policy.version else -1,
             "upload_bytes": self.node.upload_bytes(),
         }
+
+
+def load_event(
+    worker_id: str,
+    pending: Pending,
+    transfer: Any,
+    downloaded: int,
+    rebuild_s: float,
+    verify_s: float,
+    t_reload: float,
+    t_swap: float,
+) -> dict[str, Any]:
+    """The `loaded` line of events.jsonl: what the version was, how it came, and what each stage took."""
+    policy = pending.policy
+    return {
+        "event": "loaded",
+        "worker_id": worker_id,
+        "version": policy.version,
+        "info_hash": policy.info_hash,
+        "sha256": policy.sha256,
+        "sha256_verified": True,
+        "via": str(pending.via),
+        "adapter": policy.adapter,  # LoRA adapters on the base
+        "downloaded_bytes": downloaded,
+        "size_bytes": policy.size_bytes,
+        "hash_failures": transfer.hash_failures,
+        "web_seed": transfer.web_seed_at is not None,  # it asked the learner's web seed too
+        "t_download_s": (transfer.finished_at or time.time()) - transfer.started,
+        "t_rebuild_s": rebuild_s,
+        "t_verify_s": verify_s,  # last piece -> verified: hash or rebuild (and for adapters, their check or merge)
+        "t_reload_s": t_reload,
+        "t_swap_s": t_swap,
+        "time": time.time(),
+    }
