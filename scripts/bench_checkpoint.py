@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_train import make_groups  # noqa: E402
@@ -29,8 +30,9 @@ from echo2cli.learner.trainer import Trainer  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
 
 
-def make_trainer(model_dir: Path) -> Trainer:
-    return Trainer(model_dir, lr=5e-5, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=16)
+def make_trainer(model_dir: Path, lr: float = 5e-5, **kwargs: Any) -> Trainer:
+    """The default demo's trainer settings; `kwargs`: more `Trainer` arguments (`lora=`)."""
+    return Trainer(model_dir, lr=lr, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=16, **kwargs)
 
 
 def coordinator_state(steps: int = 1000, batch: int = 64) -> dict:

@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_checkpoint import make_trainer
 from bench_train import make_groups
 
-from echo2cli.learner.trainer import Trainer, write_weights
+from echo2cli.learner.trainer import write_weights
 from echo2cli.lora import DEFAULT_TARGETS, lora_spec
 from echo2cli.models import prepare_default_model
 
@@ -35,16 +36,7 @@ def one(rank: int, steps: int) -> dict:
 
     torch.set_num_threads(1)
     spec = lora_spec(rank, 0, DEFAULT_TARGETS)
-    trainer = Trainer(
-        prepare_default_model(),
-        lr=5e-4 if spec else 5e-5,
-        clip_eps=0.2,
-        is_cap=3.0,
-        kl_coef=0.0,
-        max_grad_norm=1.0,
-        micro_batch=16,
-        lora=spec,
-    )
+    trainer = make_trainer(prepare_default_model(), lr=5e-4 if spec else 5e-5, lora=spec)
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     times = []
     for step in range(steps):
