@@ -483,7 +483,11 @@ class BenchBroadcastConfig(_Config):
         description="synthetic payload of this many MB",
         json_schema_extra={"shown_default": "the default model in bf16, 269 MB"},
     )
-    method: str = Field("star,swarm", description="methods to run: star, swarm or both")
+    method: str = Field(
+        "star,swarm",
+        description="methods to run, comma-separated: star (HTTP from the learner), swarm (slot shares by uplink, as "
+        "the learner hands them out), swarm-equal (equal shares)",
+    )
     mode: Literal["auto", "netns", "loopback"] = Field(
         "auto", description="netns: namespaces + tc tbf, needs root; loopback: libtorrent and HTTP rate limits"
     )

@@ -62,7 +62,8 @@ class PolicyInfo(_Msg):
         description="the file is a LoRA adapter (JoinResponse.lora) on version 0's full weights, the frozen base",
     )
     slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
-    slots: int = Field(default=1, ge=1, description="... out of this many shares (workers fetching now)")
+    slots: int = Field(default=1, ge=1, description="... out of this many shares ...")
+    slot_width: int = Field(default=1, ge=1, description="... and the shares after it, this many in all")
 
 
 class LoraSpec(_Msg):

@@ -31,3 +31,11 @@ def test_nat_needs_namespaces_and_more_workers_than_the_file_lists_is_refused(tm
         run_bench([1], up_mbps=100, links=[Link(100, 100, behind="nat")], mode="loopback", size_mb=1)
     with pytest.raises(ConfigError, match="--links lists 1"):
         run_bench([2], up_mbps=100, links=[Link(100, 100)], mode="loopback", size_mb=1)
+
+
+def test_methods_are_star_swarm_and_swarm_equal():
+    from echo2cli.bench.broadcast import run_bench_config
+    from echo2cli.config import BenchBroadcastConfig
+
+    with pytest.raises(ConfigError, match="swarm-equal"):
+        run_bench_config(BenchBroadcastConfig(method="swarm,tree"))

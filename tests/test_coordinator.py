@@ -187,6 +187,34 @@ def test_policy_for_a_worker_carries_its_fetch_slot_among_active_workers(clock):
     assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (0, 1)
 
 
+def test_fetch_slots_are_sized_by_each_workers_measured_uplink(clock):
+    from echo2cli.protocol import Heartbeat, PolicyInfo
+
+    coord = make_coord(clock)
+    a, b = coord.join("a", 0.0), coord.join("b", 0.0)
+    coord.publish(
+        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1, published_at=0.0)
+    )
+    for w in (a, b):
+        coord.heartbeat(Heartbeat(worker_id=w, version_loaded=0, upload_bytes=0))
+    clock(2.0)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=0, upload_bytes=10_000_000))  # 5 MB/s
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, upload_bytes=30_000_000))  # 15 MB/s
+    pa, pb = coord.latest_policy(a), coord.latest_policy(b)
+    assert (pa.slot, pa.slots, pa.slot_width) == (0, 64, 16) and (pb.slot, pb.slots, pb.slot_width) == (16, 64, 48)
+    clock(2.0)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, upload_bytes=31_000_000))  # slower now: the peak stays
+    assert coord.latest_policy(b).slot_width == 48
+
+
+def test_share_widths_follow_uplinks_but_one_claimed_uplink_counts_for_at_most_4x_the_median():
+    from echo2cli.learner.fleet import share_widths
+
+    assert share_widths([5.0, 0.0, 7.0]) == [1, 1, 1]  # one unmeasured: equal shares
+    assert share_widths([1.0, 1000.0, 1000.0]) == [1, 32, 32]  # every worker keeps a share
+    assert share_widths([100.0] * 7 + [1e12]) == [6] * 7 + [23]  # the claim counts as 400
+
+
 def test_a_worker_asking_again_and_again_holds_no_more_than_its_cap(clock):
     coord = make_coord(clock, S=4, B=2)  # room for B * (S + 1) = 10 prompts in flight
     greedy, other = coord.join("greedy", 0.0), coord.join("other", 0.0)

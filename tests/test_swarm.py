@@ -49,6 +49,10 @@ def test_slot_priorities_own_share_first_and_nothing_else_until_seen():
     assert sum(slot_priorities(10, k, 3).count(7) for k in range(3)) == 10  # the shares cover every piece
     with pytest.raises(ValueError):
         slot_priorities(10, 3, 3)
+    wide = slot_priorities(10, 1, 4, width=2)  # shares 1 and 2 of 4: i*4//10 in {1, 2}
+    assert [i for i, p in enumerate(wide) if p == 7] == [3, 4, 5, 6, 7]
+    with pytest.raises(ValueError):
+        slot_priorities(10, 3, 4, width=2)
 
 
 def test_slotted_fetchers_complete_even_when_a_share_owner_never_comes(version, tmp_path):
@@ -58,7 +62,7 @@ def test_slotted_fetchers_complete_even_when_a_share_owner_never_comes(version, 
     # Slots 0 and 1 of 3: nobody fetches share 2, so its pieces only open after the stall timeout.
     workers = [TorrentNode("127.0.0.1:0") for _ in range(2)]
     for k, w in enumerate(workers):
-        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3))
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3, 1))
     for k, w in enumerate(workers):
         connect(w, 1, learner, workers[1 - k])
     try:
@@ -87,7 +91,7 @@ def test_workers_holding_their_share_spare_the_learner_and_take_the_rest_from_ea
     addrs = ["127.0.0.3", "127.0.0.4", "127.0.0.5"]
     workers = [TorrentNode(f"{a}:0", learner_ip="127.0.0.2") for a in addrs]
     for k, w in enumerate(workers):
-        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3))
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 3, 1))
     spread(workers, 1, addrs, (learner, "127.0.0.2"))
     spared = set()
 
@@ -116,7 +120,7 @@ def test_a_worker_sparing_the_learner_takes_from_it_again_when_a_share_owner_nev
     a = TorrentNode("127.0.0.3:0", learner_ip="127.0.0.2")
     b = TorrentNode("127.0.0.4:0", learner_ip="127.0.0.2", download_limit_bytes_s=1)
     for k, w in enumerate((a, b)):
-        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 2))
+        w.fetch(1, torrent.data, tmp_path / f"w{k}", slot=(k, 2, 1))
     spread([a, b], 1, ["127.0.0.3", "127.0.0.4"], (learner, "127.0.0.2"))
     spared = []
 

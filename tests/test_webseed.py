@@ -155,7 +155,7 @@ def test_a_worker_no_peer_can_reach_gets_the_version_from_the_web_seed(version, 
     url, tracker_key = learner_server(web_seed)
     worker = TorrentNode("127.0.0.1:0", tracker_key=tracker_key, web_seed=url)
     try:
-        transfer = worker.fetch(key, torrent.data, tmp_path / "worker", slot=(0, 2))
+        transfer = worker.fetch(key, torrent.data, tmp_path / "worker", slot=(0, 2, 1))
         assert transfer.web_seed_at is None  # not before the download stalls
         assert wait_until(lambda: transfer.finished_at is not None, worker), "the web seed never delivered"
         assert transfer.web_seed_at is not None

@@ -7,8 +7,10 @@ All fetchers start on one "go"; T_bcast is the time from "go" until the last fet
 verified file (libtorrent checks every piece's SHA-1; the star's HTTP body is complete).
 
     star:  every worker downloads the whole file from the learner over HTTP
-    swarm: echo2's path: a private torrent seeded by the learner, workers trade pieces, and fetcher k of N
-           asks for its own 1/N of the pieces first (`node.slot_priorities`)
+    swarm: echo2's path: a private torrent seeded by the learner, workers trade pieces, and each fetcher
+           asks for its own share of the pieces first (`node.slot_priorities`), sized by its uplink as the
+           learner sizes it (`fleet.share_widths`; equal links: 1/N each)
+    swarm-equal: the same with equal shares whatever the uplinks (the baseline of the share sizing)
 
 Lower bound: T* = max(M/U, M/min d_i, N·M/(U + Σ u_i)) with M bytes, learner uplink U,
 worker downlinks d_i and uplinks u_i. Each row reports T_bcast/T* and learner upload ÷ M.
@@ -38,6 +40,7 @@ from echo2cli.config import BenchBroadcastConfig
 from echo2cli.errors import BroadcastError, ConfigError
 from echo2cli.launch import flags
 from echo2cli.layout import weights_path
+from echo2cli.learner.fleet import share_widths
 from echo2cli.units import mbps_to_bytes_per_s
 
 BT_PORT, HTTP_PORT = 6881, 8700
@@ -177,8 +180,8 @@ def run_trial(
     )
     if os.environ.get("ECHO2_BENCH_DEBUG"):
         print(json.dumps(done), file=sys.stderr)
-    web_seed = stats["web_seed_upload"] if method == "swarm" else 0
-    uploaded = stats["bt_upload"] + web_seed if method == "swarm" else stats["http_upload"]
+    web_seed = stats["web_seed_upload"] if method != "star" else 0
+    uploaded = stats["bt_upload"] + web_seed if method != "star" else stats["http_upload"]
     return Row(
         method,
         n,
@@ -216,13 +219,15 @@ def _start_nodes(
     procs.append(_Proc(prefix("learner") + [*NODE, "origin", *options]))
     procs[0].read()
     workers = [name for name in links if name != "learner"]
+    # the learner sizes each worker's share by the uplink it has seen (`Fleet.hand`); here the links are known
+    widths = share_widths([links[w].up_mbps for w in workers]) if method == "swarm" else [1] * len(workers)
     for i, name in enumerate(workers):
         options = flags(
-            method=method,
+            method="star" if method == "star" else "swarm",
             torrent=torrent,
             out=trial_dir / name,
             bind=fleet.addr(name) if fleet else "127.0.0.1",
-            slot=f"{i}/{len(workers)}",
+            slot=f"{sum(widths[:i])}/{sum(widths)}/{widths[i]}",
             url=f"http://{host}:{http_port}/file",
             web_seed=f"http://{host}:{http_port}",
             up_mbps=caps[name].up_mbps if caps else None,
@@ -310,8 +315,8 @@ def run_bench_config(cfg: BenchBroadcastConfig, on_row: Callable[[Row], None] | 
     except ValueError:
         raise ConfigError(f"--workers takes comma-separated counts, e.g. 1,2,4,8 (got {cfg.workers!r})") from None
     methods = tuple(m.strip() for m in cfg.method.split(",") if m.strip())
-    if not methods or set(methods) - {"star", "swarm"}:
-        raise ConfigError("--method takes star, swarm or star,swarm")
+    if not methods or set(methods) - {"star", "swarm", "swarm-equal"}:
+        raise ConfigError("--method takes star, swarm and swarm-equal, comma-separated (e.g. star,swarm)")
     links = None
     if cfg.links is not None:
         try:
@@ -341,7 +346,7 @@ def plot(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for method, style in (("star", "o-"), ("swarm", "s-")):
+    for method, style in (("star", "o-"), ("swarm", "s-"), ("swarm-equal", "^--")):
         pts = sorted((r.n, r.t_bcast_s) for r in rows if r.method == method)
         if pts:
             ax.plot(*zip(*pts, strict=True), style, label=method)

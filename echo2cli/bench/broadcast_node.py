@@ -2,7 +2,7 @@
 
     python -m echo2cli.bench.broadcast_node origin  --dir D --torrent T --bind IP --port P [--up-mbps U]
     python -m echo2cli.bench.broadcast_node fetch   --method swarm|star --torrent T --out D --bind IP
-                                                   [--url URL] [--slot k/n] [--up-mbps u] [--down-mbps d]
+                                                   [--url URL] [--slot k/n[/w]] [--up-mbps u] [--down-mbps d]
                                                    [--web-seed URL]
 
 Each runs inside its own network namespace (or on loopback) and talks to the orchestrator over
@@ -129,8 +129,8 @@ def run_fetch(args: argparse.Namespace) -> None:
     if sys.stdin.readline().strip() != "go":
         return
     if node is not None:
-        k, n = (int(x) for x in args.slot.split("/")) if args.slot else (0, 0)
-        node.fetch(0, Path(args.torrent).read_bytes(), out, slot=(k, n) if n > 1 else None)
+        k, n, width = (int(x) for x in (args.slot + "/1").split("/")[:3]) if args.slot else (0, 0, 1)
+        node.fetch(0, Path(args.torrent).read_bytes(), out, slot=(k, n, width) if n > width else None)
         while True:
             node.poll()
             node.check(0)

@@ -87,8 +87,10 @@ REANNOUNCE_AT_S = (1.0, 2.5, 5.0)
 WEB_SEED_AFTER_S = 8.0  # a download without a byte for this long also asks the learner's web seed
 
 
-def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
-    """Initial piece priorities for the k-th of n fetchers: its own contiguous 1/n of the pieces only.
+def slot_priorities(num_pieces: int, k: int, n: int, width: int = 1) -> list[int]:
+    """Initial piece priorities for the fetcher with shares k .. k + width - 1 of n: its own contiguous width/n of the
+    pieces only. The learner sizes shares by each worker's uplink (`Fleet.hand`), so a fast uplink, which can pass
+    its pieces on sooner, holds more of the first copy.
 
     While a version is new, only the learner has it. Each worker first asks for its own share, so the
     learner's uplink carries each piece about once. Any other piece stays at priority 0 (not wanted)
@@ -98,9 +100,9 @@ def slot_priorities(num_pieces: int, k: int, n: int) -> list[int]:
     Once its share is complete, or nothing arrived for GATE_STALL_S (a share's owner left), a worker
     opens every piece, so no gate can stall a download.
     """
-    if not 0 <= k < n:
-        raise ValueError(f"slot {k} of {n}")
-    return [7 if i * n // num_pieces == k else 0 for i in range(num_pieces)]
+    if not (0 <= k and width >= 1 and k + width <= n):
+        raise ValueError(f"slot {k} (width {width}) of {n}")
+    return [7 if k <= i * n // num_pieces < k + width else 0 for i in range(num_pieces)]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -193,7 +195,7 @@ class TorrentNode:
         return int(self.session.listen_port())
 
     def _add(
-        self, key: Hashable, torrent: bytes, save_path: Path, seed: bool, slot: tuple[int, int] | None = None
+        self, key: Hashable, torrent: bytes, save_path: Path, seed: bool, slot: tuple[int, int, int] | None = None
     ) -> Transfer:
         lt = self._lt
         params = lt.add_torrent_params()
@@ -207,7 +209,7 @@ class TorrentNode:
         transfer = Transfer(key, self.session.add_torrent(params), save_path)
         transfer.tracker_urls = [url.rstrip("/") for url in lt.load_torrent_buffer(torrent).trackers]
         self._announce_with_key(transfer)
-        if slot is not None and slot[1] > 1 and not seed:
+        if slot is not None and slot[1] > slot[2] and not seed:  # a fetcher that owns every share has no gate
             transfer.priorities = slot_priorities(params.ti.num_pieces(), *slot)
             transfer.share = [i for i, p in enumerate(transfer.priorities) if p > 0]
             transfer.handle.prioritize_pieces(transfer.priorities)
@@ -248,8 +250,10 @@ class TorrentNode:
         return self._add(key, torrent, save_path, seed=True)
 
     @_locked
-    def fetch(self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int] | None = None) -> Transfer:
-        """Start downloading; `slot=(k, n)` asks for the k-th of n equal piece ranges first (see below)."""
+    def fetch(
+        self, key: Hashable, torrent: bytes, save_path: Path, slot: tuple[int, int, int] | None = None
+    ) -> Transfer:
+        """Start downloading; `slot=(k, n, width)` asks for piece ranges k .. k + width - 1 of n first (see below)."""
         if key in self.transfers:
             return self.transfers[key]
         return self._add(key, torrent, save_path, seed=False, slot=slot)

@@ -11,6 +11,7 @@ A worker that sends invalid data MAX_BAD_BATCHES batches in a row is cut off.
 
 from __future__ import annotations
 
+import statistics
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -31,6 +32,26 @@ def rate(returns: deque[tuple[int, float]]) -> float | None:
     return sum(n for n, _ in returns) / seconds if seconds > 0 else None
 
 
+SHARE_UNITS = 64  # the first copy of a version is cut into this many shares (about), handed out by uplink
+UPLINK_CAP = 4.0  # an uplink counts for at most this many times the median one
+
+
+def share_widths(uplinks: list[float]) -> list[int]:
+    """How many of the first copy's shares each worker fetches first: in proportion to its uplink, at least one, so
+    that a slow uplink, which would hold the others up while it passes its pieces on, holds few of them. Equal
+    shares while any uplink is unmeasured (0): a worker's uplink is seen only once it has uploaded something.
+
+    Uplinks are what workers report (their upload counters), so one counts for at most UPLINK_CAP times the median:
+    a worker that claims a huge uplink and then sends nothing holds back a bounded part of the first copy, which the
+    others then fetch from the learner once their download stalls (`node.GATE_STALL_S`)."""
+    if len(uplinks) < 2 or min(uplinks) <= 0:
+        return [1] * len(uplinks)
+    cap = UPLINK_CAP * statistics.median(uplinks)
+    counted = [min(u, cap) for u in uplinks]
+    total = sum(counted)
+    return [max(1, round(SHARE_UNITS * u / total)) for u in counted]
+
+
 @dataclass
 class WorkerRecord:
     name: str
@@ -42,6 +63,8 @@ class WorkerRecord:
     download_progress: float = 0.0
     tokens_per_s: float = 0.0
     upload_bytes: int = 0
+    uplink: float = 0.0  # the fastest it was seen to upload, bytes/s over a heartbeat interval (0: never seen)
+    beat_at: float = 0.0  # when its last heartbeat came
     swap_s: float = 0.0
     left: bool = False
     standby: bool = False
@@ -90,7 +113,9 @@ class Fleet:
         self.saw(hb.worker_id, hb.version_loaded)
         w = self.workers[hb.worker_id]
         w.downloading_version, w.download_progress = hb.downloading_version, hb.download_progress
-        w.tokens_per_s, w.upload_bytes = hb.tokens_per_s, hb.upload_bytes
+        if w.beat_at and hb.upload_bytes > w.upload_bytes and w.last_seen > w.beat_at:
+            w.uplink = max(w.uplink, (hb.upload_bytes - w.upload_bytes) / (w.last_seen - w.beat_at))
+        w.tokens_per_s, w.upload_bytes, w.beat_at = hb.tokens_per_s, hb.upload_bytes, w.last_seen
         if hb.ready_version >= 0:
             w.first_ready_with.setdefault(hb.ready_version, w.last_seen)
         w.swap_s = hb.swap_s or w.swap_s
@@ -104,12 +129,15 @@ class Fleet:
         ]
 
     def hand(self, policy: PolicyInfo, worker_id: str | None) -> PolicyInfo:
-        """`policy` as a worker gets it: with its fetch slot among the active workers (join order). A worker that
-        asks is about to fetch it: until its heartbeat says otherwise, it is downloading it."""
+        """`policy` as a worker gets it: with its fetch slot among the active workers (join order), as wide as its
+        uplink's part of theirs (`share_widths`). A worker that asks is about to fetch it: until its heartbeat says
+        otherwise, it is downloading it."""
         active = self.active()
         self.handed(worker_id, policy.version)
         if worker_id in active:
-            policy = policy.model_copy(update={"slot": active.index(worker_id), "slots": len(active)})
+            widths = share_widths([self.workers[w].uplink for w in active])
+            i = active.index(worker_id)
+            policy = policy.model_copy(update={"slot": sum(widths[:i]), "slots": sum(widths), "slot_width": widths[i]})
         return policy
 
     def handed(self, worker_id: str | None, version: int) -> None:

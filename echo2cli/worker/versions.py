@@ -148,7 +148,8 @@ class VersionStore:
         with self.lock:
             torrent = TorrentFile.from_b64(policy.torrent_b64)
             check_torrent(policy, torrent.data)  # one file, at our path, of the announced size and info-hash
-            slot = (policy.slot, policy.slots) if policy.slot < policy.slots else None
+            fits = policy.slot + policy.slot_width <= policy.slots
+            slot = (policy.slot, policy.slots, policy.slot_width) if fits else None
             if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
                 delta = TorrentFile.from_b64(policy.delta_torrent_b64)
                 check_torrent(policy, delta.data, delta=True)
