@@ -217,7 +217,8 @@ def plan_cmd(
     plot: Path | None = typer.Option(None, help="PNG: predicted and simulated bubble ratio vs pool throughput"),
 ) -> None:
     """Capacity model: the pool throughput mu_min that keeps the learner busy, and the cheapest workers that
-    provide gamma*mu_min, against all-active, random and centralized baselines."""
+    provide gamma*mu_min, against all-active, random and centralized baselines. With numbers alone (--batch,
+    --t-train, --t-bcast, -S; no pool) it prints mu_min by both rules, the rate bound and feasibility."""
     from echo2cli.plan.io import plan_from
     from echo2cli.plan.io import plot as plot_plan
 
@@ -242,6 +243,10 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
         f"mu_min (paper's rule) {paper}  ·  mu_min_echo2 {out['mu_min_echo2']:.2f}  ·  rate bound B/T_train "
         f"{out['mu_rate_bound']:.2f}  ·  target gamma*mu_min ({out['rule']}) {out['target_mu']:.2f} rollouts/s"
     )
+    if out["recommended"] is None:
+        for note in out["notes"]:
+            con.print(f"note: {note}")
+        return
     active = set(out["recommended"]["active"])
     workers = Table("worker", "$/h", "rollouts/s", "$ per 1k rollouts", "state", title="cost-aware activation")
     for w in sorted(pool, key=lambda w: w.rho):

@@ -85,7 +85,6 @@ def test_infeasible_inputs_raise_with_what_would_work(inp, match):
         (dict(batch=64, t_train_s=10, t_bcast_s=1, staleness=2), [WorkerSpec("a", -1.0, 3.0)], "price"),
         (dict(batch=0, t_train_s=10, t_bcast_s=1, staleness=2), pool_of(1, 1.0), "batch"),
         (dict(batch=64, t_train_s=10, t_bcast_s=1, staleness=2, kappa=2), pool_of(1, 1.0), "kappa"),
-        (dict(batch=64, t_train_s=10, t_bcast_s=1, staleness=2), [], "empty"),
     ],
 )
 def test_impossible_inputs_raise_a_clear_error(inp, pool, match):

@@ -30,6 +30,18 @@ def test_json_carries_both_thresholds_and_the_activation():
     assert set(out["recommended"]["active"]) | set(out["standby"]) == {"w0", "w1", "w2"}
 
 
+def test_numbers_alone_give_the_thresholds_without_activation():
+    # the paper's example run: B = 512, S = 4, kappa = 3 and no pool
+    out = plan_json("--batch", "512", "--t-train", "1649", "--t-bcast", "300", "-S", "4", "--kappa", "3")
+    assert out["mu_min"] == pytest.approx(3 * 512 / (3 * 1649 - 300))
+    assert out["mu_rate_bound"] == pytest.approx(512 / 1649)
+    assert out["mu_min_echo2"] == pytest.approx(max(512 / 1649, 512 / (2 * 1649 - 300)))
+    assert out["paper_feasible"] and out["recommended"] is None and out["meets_target"] is None
+    table = runner.invoke(app, ["plan", "--batch", "64", "--t-train", "10", "--t-bcast", "10", "-S", "2"])
+    assert table.exit_code == 0 and "mu_min (paper's rule) infeasible" in table.output
+    assert "mu_min_echo2 6.40" in table.output and "no pool given" in table.output
+
+
 def test_group_size_decides_who_is_too_slow_to_lease_to():
     # 0.15 rollouts/s returns 8 rollouts in 53 s, past the 30 s (S+1 steps) a group stays admissible: no lease
     flags = ["--mu", "2,2,2,2,0.15", "--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"]
@@ -65,7 +77,7 @@ def test_table_output_and_plot(tmp_path):
             "kappa*T_train",
         ),
         (["--mu", "3", "--batch", "64"], "missing --t-train"),
-        (["--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"], "no workers"),
+        (["--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2", "--plot", "p.png"], "--plot needs a pool"),
         (["--mu", "a,b", "--batch", "64", "--t-train", "10", "--t-bcast", "1", "-S", "2"], "comma-separated"),
     ],
 )

@@ -118,6 +118,7 @@ class Activation:
         except InfeasibleError as exc:
             record["decision"] = f"all active: {exc}"
             return set()
+        assert result.recommended is not None  # a pool was given
         meets = "cheapest set reaching gamma*mu_min"
         short = "short of gamma*mu_min: every worker that helps is active"
         record.update(

@@ -84,12 +84,10 @@ def plan_from(cfg: PlanConfig) -> Planned:
     )
     if missing := [flag for flag, key in needed if key not in base]:
         raise ConfigError(f"missing {', '.join(missing)} (or give --from-run RUN_DIR)")
-    if not pool:
-        raise ConfigError("no workers: give --workers POOL.toml, --mu RATES or --from-run RUN_DIR")
     inputs = PlanInputs(lease_rollouts=cfg.lease_rollouts, **base)
     result = plan(inputs, pool, rule=cfg.rule, seed=cfg.seed)
     report = result.to_dict()
-    if measured:
+    if measured and pool:
         predicted = bubble_ratio(inputs, pool)
         report["run"] = {**measured, "predicted_bubble": predicted, "workers": [w.name for w in pool]}
     return Planned(inputs, pool, result, report)
@@ -212,6 +210,8 @@ def plot(inp: PlanInputs, pool: list[WorkerSpec], result: PlanResult, path: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if result.recommended is None:
+        raise ConfigError("--plot needs a pool (--workers, --mu or --from-run): it varies the pool's throughput")
     xs, predicted, simulated = bubble_curves(inp, pool)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(xs, predicted, label="closed form (echo2)", color="tab:blue")

@@ -264,9 +264,9 @@ class PlanResult:
     batch_work_rollouts: float  # X for the recommended set
     target_mu: float  # gamma * the rule's mu_min
     paper_feasible: bool
-    recommended: Outcome
+    recommended: Outcome | None  # None with no pool: the thresholds alone
     standby: list[str]
-    meets_target: bool
+    meets_target: bool | None
     baselines: dict[str, Outcome] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -302,19 +302,42 @@ def _expected(outcomes: list[Outcome], label: str) -> Outcome:
     )
 
 
+def thresholds(inp: PlanInputs, rule: Rule, paper: float | None, bound: float) -> PlanResult:
+    """The plan with no pool: mu_min by both rules and the rate bound. Without workers echo2's rule takes the
+    batch work X = B (leases that fill the batch exactly), a lower bound on any real pool's mu_min_echo2."""
+    notes = ["no pool given: mu_min_echo2 assumes leases that fill the batch exactly (X = B); "
+             "give --workers or --mu for the cheapest active set"]
+    if paper is None:
+        notes.append("the paper's rule is infeasible (kappa*T_train <= T_bcast); echo2's rule is not")
+    return PlanResult(
+        inputs=asdict(inp),
+        rule=rule,
+        mu_min=paper,
+        mu_min_echo2=bound,
+        mu_rate_bound=inp.batch / inp.t_train_s,
+        batch_work_rollouts=float(inp.batch),
+        target_mu=inp.gamma * (paper if rule == "paper" and paper is not None else bound),
+        paper_feasible=paper is not None,
+        recommended=None,
+        standby=[],
+        meets_target=None,
+        notes=notes,
+    )
+
+
 def plan(inp: PlanInputs, pool: list[WorkerSpec], rule: Rule = "echo2", seed: int = 0) -> PlanResult:
     """Recommend the cheapest active set; compare with all-active, random and centralized baselines."""
     inp.check()
     check_pool(pool)
-    if not pool:
-        raise PlanInputError("the pool is empty: give --workers POOL.toml or --mu")
     try:
         paper: float | None = mu_min_paper(inp)
     except InfeasibleError:
         if rule == "paper":
             raise
         paper = None
-    mu_min_echo2(inp, [])  # raises InfeasibleError with the smallest S / largest T_bcast that work
+    bound = mu_min_echo2(inp, [])  # raises InfeasibleError with the smallest S / largest T_bcast that work
+    if not pool:
+        return thresholds(inp, rule, paper, bound)
     chosen = activate(inp, pool, cost_aware_order(pool), rule)
     rng = random.Random(seed)
     randoms = [outcome(inp, activate(inp, pool, rng.sample(pool, len(pool)), rule)) for _ in range(RANDOM_TRIALS)]
