@@ -52,7 +52,7 @@ class LearnerConfig(_Config):
     """`echo2 learner`."""
 
     HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
-        "Run": "model task out_dir steps seed checkpoint_every torch_threads train_cpus",
+        "Run": "model task out_dir steps seed checkpoint_every report_to torch_threads train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
         "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
@@ -192,6 +192,11 @@ class LearnerConfig(_Config):
     heartbeat_s: float = Field(2.0, gt=0.0, description="worker heartbeat period; 3 missed = inactive")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
+    report_to: str = Field(
+        "jsonl",
+        description="where step metrics go, comma-separated: jsonl (always), tensorboard (<out>/tensorboard), "
+        "wandb (offline in <out>/wandb unless WANDB_MODE=online), trackio (local)",
+    )
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads (0 = torch default)")
     train_cpus: str | None = Field(
         None,
@@ -226,6 +231,16 @@ class LearnerConfig(_Config):
                 f"listening on {self.host} without a join token would let anyone who reaches it join "
                 "and send rollouts: pass --token (or --token-file), or --insecure-no-token if you mean it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _loggers_known(self) -> LearnerConfig:
+        from echo2cli.loggers import parse_report_to
+
+        try:
+            parse_report_to(self.report_to)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")
@@ -348,6 +363,7 @@ class DemoConfig(_Config):
     staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     lora_rank: int = Field(0, ge=0, le=512, description="train LoRA adapters of this rank (0 = the full model)")
+    report_to: str = Field("jsonl", description="the learner's loggers: jsonl, tensorboard, wandb, trackio")
     port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
     learner_threads: int = Field(
         0,

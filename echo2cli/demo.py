@@ -170,6 +170,7 @@ def _start(
         staleness=cfg.staleness,
         lr=cfg.lr,
         lora_rank=cfg.lora_rank,
+        report_to=cfg.report_to,
         quiet=True,
         torch_threads=cfg.learner_threads or learner_threads(os.cpu_count() or 1, cfg.workers),
     )

@@ -44,11 +44,20 @@ from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.divergence import DivergenceGuard, Thresholds
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
-from echo2cli.learner.records import Bubble, StepLog, batch_metrics, bcast_metrics, delta_metrics, usd_per_hour
+from echo2cli.learner.records import (
+    Bubble,
+    StepLog,
+    batch_histograms,
+    batch_metrics,
+    bcast_metrics,
+    delta_metrics,
+    usd_per_hour,
+)
 from echo2cli.learner.server import bind_socket, build_app, serving
 from echo2cli.learner.sharded import ShardedTrainer, under_torchrun
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
+from echo2cli.loggers import Reporters, parse_report_to
 from echo2cli.lora import lora_spec
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.protocol import LoraSpec
@@ -209,7 +218,8 @@ class Learner:
                 web_seed_rate=mbps_to_bytes_per_s(cfg.uplink_mbps),
             )
         )
-        self.log = self._close_later(StepLog(self.out, self.start_step))
+        reporters = Reporters(parse_report_to(cfg.report_to), self.out, cfg.model_dump(mode="json"))
+        self.log = self._close_later(StepLog(self.out, self.start_step, reporters))
         self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
         limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
         self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
@@ -289,6 +299,7 @@ class Learner:
             self.coord.advance(version)
             self._tick(version)
             self._record(record, version, t_start=t_start, t0=t0, t_wait=t_wait, t_publish=t_publish)
+            self.log.write(record, self.trainer.outliers, batch_histograms(groups, t))
             if on_step:
                 on_step(record)
             if self.stop.is_set():
@@ -330,7 +341,7 @@ class Learner:
     def _record(
         self, record: dict[str, Any], version: int, *, t_start: float, t0: float, t_wait: float, t_publish: float
     ) -> None:
-        """Complete the step's metrics line and write it; feed the measured step time back."""
+        """Complete the step's metrics line; feed the measured step time back."""
         now = time.time()
         bcast_s, ready_s = self.coord.bcast_times()
         record.update(
@@ -356,7 +367,6 @@ class Learner:
         self._check_health(record)
         self.activation.observe_step(record["learner/t_busy_s"])
         self.coord.set_step_time(now - t0)  # sizes leases by each worker's speed
-        self.log.write(record, self.trainer.outliers)
 
     def _check_health(self, record: dict[str, Any]) -> None:
         """The divergence guard's verdict on this step: a warning on stderr and a line of decisions.jsonl when it

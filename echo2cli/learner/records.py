@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.learner.types import Group
+from echo2cli.loggers import Reporters
 from echo2cli.metrics import MetricsWriter
 
 # the metrics `/v1/status` shows (the demo's live view and `echo2 status` read them)
@@ -57,6 +58,14 @@ def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[s
         "rollout/truncated_frac": sum(n >= max_new_tokens for n in lengths) / len(lengths),
         "rollout/prompt_ids": [g.prompt_id for g in groups],
         **component_means(groups),
+    }
+
+
+def batch_histograms(groups: list[Group], step: int) -> dict[str, list[float]]:
+    """What the loggers that have histograms show: the batch's rewards and each sample's staleness."""
+    return {
+        "rollout/rewards": [r for g in groups for r in g.rewards],
+        "rollout/staleness": [float(step - g.version) for g in groups for _ in g.samples],
     }
 
 
@@ -118,10 +127,11 @@ def usd_per_hour(workers: list[dict[str, Any]], learner_usd_per_hour: float) -> 
 
 
 class StepLog:
-    """metrics.jsonl and mismatch.jsonl, one line per step each, and the newest line for `/v1/status`.
+    """metrics.jsonl and mismatch.jsonl, one line per step each, the newest line for `/v1/status`, and the same
+    record to the other loggers (`echo2cli/loggers.py`).
     A resumed run rewrites the steps after its checkpoint: their old lines are dropped at open."""
 
-    def __init__(self, out: Path, start_step: int) -> None:
+    def __init__(self, out: Path, start_step: int, reporters: Reporters | None = None) -> None:
         path = out / "metrics.jsonl"
         if path.exists():
             lines = [line for line in path.read_text().splitlines() if line.strip()]
@@ -130,10 +140,13 @@ class StepLog:
         self.metrics = MetricsWriter(path)
         self.mismatch = MetricsWriter(out / "mismatch.jsonl")
         self.last: dict[str, Any] = {}
+        self.reporters = reporters
 
-    def write(self, record: dict[str, Any], outliers: list[dict[str, Any]]) -> None:
+    def write(self, record: dict[str, Any], outliers: list[dict[str, Any]], histograms: dict[str, list[float]]) -> None:
         """`outliers`: the trainer's tokens of largest |log w|, each with its version."""
         self.metrics.write(record)
+        if self.reporters:
+            self.reporters.log(record, histograms)
         tokens = [{**o, "staleness": record["step"] - o["version"]} for o in outliers]
         self.mismatch.write({"step": record["step"], "tokens": tokens})
         self.last = record
@@ -144,3 +157,5 @@ class StepLog:
     def close(self) -> None:
         self.metrics.close()
         self.mismatch.close()
+        if self.reporters:
+            self.reporters.close()

@@ -305,8 +305,10 @@ def _expected(outcomes: list[Outcome], label: str) -> Outcome:
 def thresholds(inp: PlanInputs, rule: Rule, paper: float | None, bound: float) -> PlanResult:
     """The plan with no pool: mu_min by both rules and the rate bound. Without workers echo2's rule takes the
     batch work X = B (leases that fill the batch exactly), a lower bound on any real pool's mu_min_echo2."""
-    notes = ["no pool given: mu_min_echo2 assumes leases that fill the batch exactly (X = B); "
-             "give --workers or --mu for the cheapest active set"]
+    notes = [
+        "no pool given: mu_min_echo2 assumes leases that fill the batch exactly (X = B); "
+        "give --workers or --mu for the cheapest active set"
+    ]
     if paper is None:
         notes.append("the paper's rule is infeasible (kappa*T_train <= T_bcast); echo2's rule is not")
     return PlanResult(
