@@ -184,6 +184,54 @@ def demo(given: dict[str, Any], config: Path | None = ConfigOpt) -> None:
     run_demo(cfg, Console())
 
 
+@app.command("status")
+def status_cmd(
+    target: str = typer.Argument(..., help="a learner's URL (http(s)://HOST:PORT) or a run directory"),
+    token: str | None = typer.Option(
+        None, envvar="ECHO2_TOKEN", show_envvar=True, help="the learner's join token (a URL with a token needs it)"
+    ),
+    token_file: Path | None = typer.Option(None, help="read the token from this file instead"),
+    ca_cert: Path | None = typer.Option(None, help="PEM CA certificate that signed the learner's TLS certificate"),
+    watch: bool = typer.Option(False, "--watch", help="keep the view live until the learner finishes (Ctrl-C quits)"),
+    interval: float = typer.Option(2.0, min=0.2, help="seconds between polls with --watch"),
+    plot: Path | None = typer.Option(None, help="a run directory only: PNG of reward, T_train, T_bcast, bubble"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """A learner's live state from any machine (step, version, reward trend, T_train/T_bcast/bubble, cost, each
+    worker's version, download and tokens/s, rejected samples), or a finished or stopped run's from its directory."""
+    from echo2cli import status as view
+
+    out = Console()
+    if not target.startswith(("http://", "https://")):
+        summary = view.run_summary(Path(target))
+        if plot is not None:
+            view.plot_run(Path(target), plot)
+        if as_json:
+            print(json.dumps(summary))
+        else:
+            out.print(view.run_table(summary))
+        return
+    if plot is not None:
+        raise typer.BadParameter("--plot reads a run directory; for a live learner use --watch")
+    if token_file is not None:
+        token = _read_token(token_file)
+    from echo2cli.worker.client import LearnerClient
+
+    client = LearnerClient(target, token, ca_cert=ca_cert, request_timeout_s=10.0, unreachable_s=5.0)
+    status = view.watch(client, out, interval) if watch else client.status()
+    if as_json and status is not None:
+        print(status.model_dump_json())
+    elif not watch and status is not None:
+        out.print(view.render(status, "[dim]live[/]"))
+
+
+def _read_token(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise Echo2Error(f"cannot read token file {path}: {exc}") from exc
+
+
 @app.command("eval", epilog=ENV_NOTE)
 @options_from(EvalConfig)
 def eval_(given: dict[str, Any], config: Path | None = ConfigOpt, as_json: bool = JsonOpt) -> None:

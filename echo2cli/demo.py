@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.table import Column, Table
 
@@ -28,7 +28,7 @@ from echo2cli.launch import flags, spawn, stop, wait_for_learner
 from echo2cli.layout import CHECKPOINTS_DIR, LEARNER_FILE, VERSIONS_DIR
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
-from echo2cli.protocol import Status
+from echo2cli.status import fmt, render
 from echo2cli.worker.client import LearnerClient
 
 RUN_FILES = ("metrics.jsonl", LEARNER_FILE, "summary.json", "demo_summary.json", "config.json")
@@ -47,39 +47,6 @@ def _clean(out: Path) -> None:
     for name in RUN_DIRS:
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "logs").mkdir(parents=True)
-
-
-def _fmt(x: Any, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def live_view(status: Status | None, phase: str) -> Group:
-    head = Table.grid(padding=(0, 2))
-    if status is None:
-        head.add_row(f"[bold]{phase}[/]")
-        return Group(head)
-    m = status.last_metrics
-    head.add_row(
-        f"step [bold]{status.step}/{status.target_steps}[/]",
-        f"version {status.version}",
-        f"reward {_fmt(m.get('rollout/reward_mean'), '.3f')}",
-        f"T_train {_fmt(m.get('learner/t_train_s'), '.1f')} s",
-        f"T_bcast {_fmt(m.get('bcast/t_s'), '.1f')} s",
-        f"bubble {_fmt(m.get('learner/bubble_ratio'))}",
-        f"upload/model {_fmt(m.get('bcast/upload_ratio'))}",
-    )
-    workers = Table("worker", "loaded", "downloading", "tok/s", "rollouts", "active", box=None)
-    for w in status.workers:
-        dl = "-" if w.downloading_version is None else f"v{w.downloading_version} {w.download_progress:.0%}"
-        workers.add_row(
-            w.name,
-            f"v{w.version_loaded}",
-            dl,
-            f"{w.tokens_per_s:.0f}",
-            str(w.rollouts),
-            ("standby" if w.standby else "yes") if w.active else "no",
-        )
-    return Group(head, workers)
 
 
 def summarize(out: Path, wall_s: float) -> dict[str, Any]:
@@ -120,9 +87,9 @@ def summary_table(s: dict[str, Any]) -> Table:
     table.add_row("wall time", f"{s['wall_s']:.0f} s")
     table.add_row("reward (first steps → last steps)", f"{s['reward_start']:.3f} → {s['reward_end']:.3f}")
     table.add_row("T_train (median)", f"{s['t_train_s_median']:.2f} s")
-    table.add_row("T_bcast (median)", f"{_fmt(s['t_bcast_s_median'])} s")
+    table.add_row("T_bcast (median)", f"{fmt(s['t_bcast_s_median'])} s")
     table.add_row("learner bubble ratio", f"{s['bubble_ratio']:.3f}")
-    table.add_row("learner upload ÷ model size (median)", _fmt(s["upload_ratio_median"]))
+    table.add_row("learner upload ÷ model size (median)", fmt(s["upload_ratio_median"]))
     table.add_row("max staleness trained", str(s["staleness_max"]))
     table.add_row("cost-aware activation (last decision)", s["activation"])
     table.add_row("metrics", s["metrics"])
@@ -188,10 +155,10 @@ def _watch(procs: list[subprocess.Popen], url: str, out: Path, console: Console)
     """The live view until the learner exits; then the workers, which heard 'finished', get a minute to leave."""
     learner, workers = procs[0], procs[1:]
     client = LearnerClient(url, unreachable_s=5)
-    with Live(live_view(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
+    with Live(render(None, "workers starting vLLM"), console=console, refresh_per_second=2) as live:
         while learner.poll() is None:
             try:
-                live.update(live_view(client.status(), ""))
+                live.update(render(client.status(), ""))
             except Echo2Error:
                 pass  # the learner is between steps or shutting down
             for i, p in enumerate(workers):

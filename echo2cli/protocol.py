@@ -251,3 +251,6 @@ class Status(_Msg):
     finished: bool
     workers: list[WorkerView]
     last_metrics: dict[str, float | int | str | None] = Field(default_factory=dict)
+    # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
+    history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
+    rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason

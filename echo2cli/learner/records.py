@@ -8,13 +8,13 @@ fleet start-up (engines loading), which a capacity model of steady state does no
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
 from echo2cli.learner.types import Group
 from echo2cli.loggers import Reporters
-from echo2cli.metrics import MetricsWriter
+from echo2cli.metrics import MetricsWriter, read_metrics
 
 # the metrics `/v1/status` shows (the demo's live view and `echo2 status` read them)
 SCALARS_IN_STATUS = (
@@ -34,6 +34,18 @@ SCALARS_IN_STATUS = (
     "plan/standby_workers",
     "cost/usd_per_step",
 )
+
+
+# each step's numbers `/v1/status` keeps for the last HISTORY steps (the status view's sparkline and trends)
+HISTORY_KEYS = (
+    "step",
+    "rollout/reward_mean",
+    "learner/t_train_s",
+    "bcast/t_s",
+    "learner/bubble_ratio_step",
+    "cost/usd_per_step",
+)
+HISTORY = 120
 
 
 def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[str, Any]:
@@ -140,6 +152,9 @@ class StepLog:
         self.metrics = MetricsWriter(path)
         self.mismatch = MetricsWriter(out / "mismatch.jsonl")
         self.last: dict[str, Any] = {}
+        self.history: deque[dict[str, float | None]] = deque(maxlen=HISTORY)
+        for row in read_metrics(path)[-HISTORY:]:  # a resumed run's earlier steps
+            self.history.append({k: row.get(k) for k in HISTORY_KEYS})
         self.reporters = reporters
 
     def write(self, record: dict[str, Any], outliers: list[dict[str, Any]], histograms: dict[str, list[float]]) -> None:
@@ -150,9 +165,14 @@ class StepLog:
         tokens = [{**o, "staleness": record["step"] - o["version"]} for o in outliers]
         self.mismatch.write({"step": record["step"], "tokens": tokens})
         self.last = record
+        self.history.append({k: record.get(k) for k in HISTORY_KEYS})
 
     def status(self) -> dict[str, Any]:
-        return {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last}
+        """`Status.last_metrics` and `Status.history`."""
+        return {
+            "last_metrics": {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last},
+            "history": list(self.history),
+        }
 
     def close(self) -> None:
         self.metrics.close()

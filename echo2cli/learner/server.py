@@ -71,7 +71,8 @@ def build_app(
     target_steps: int,
     web_seed: WebSeed | None = None,
 ) -> FastAPI:
-    """`join_info`: the run's settings every JoinResponse carries; `status_extra()`: the newest metrics for /status."""
+    """`join_info`: the run's settings every JoinResponse carries; `status_extra()`: the newest metrics and
+    recent history for /status (`Status.last_metrics`, `Status.history`)."""
     app = FastAPI(title="echo2 learner", version="1")
     app.state.coord = coord
     gate = Gate(coord, token)
@@ -243,7 +244,8 @@ def _reader_routes(
             version=coord.latest_policy().version,
             finished=coord.finished,
             workers=coord.worker_views(),
-            last_metrics=status_extra(),
+            rejected=coord.rejected_samples(),
+            **status_extra(),
         )
 
     return router

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,15 @@ def test_eval_of_each_builtin_task_on_the_default_model(task):
     with tempfile.TemporaryDirectory(prefix="e2-") as tmp:
         check(run_eval("--task", task, "--limit", "6", "--k", "2", env={**os.environ, "TMPDIR": tmp}), 6)
         assert not [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]
+
+
+def test_eval_of_a_parquet_dataset_on_its_test_split():
+    tiny = Path(__file__).parent.parent / "data" / "gsm8k_tiny"
+    result = run_eval("--task", "math", "--option", f"path={tiny}", "--option", "eval_split=test", "--k", "2")
+    check(result, 4)  # the test split's 4 problems, none of the 12 training ones
+    assert {e["prompt"].split(".")[0] for e in result["examples"]} <= {
+        "A farmer has 7 cows and buys 6 more",
+        "A class of 18 splits into 3 equal teams",
+        "Ben has 11 marbles and loses 5",
+        "A car travels 30 km per hour for 2 hours",
+    }
