@@ -254,3 +254,6 @@ class Status(_Msg):
     # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
     history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
     rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason
+    # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
+    history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
+    rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason

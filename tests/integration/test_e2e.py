@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from procs import finish, spawn, wait_listening
+from procs import finish, spawn, wait_for, wait_listening
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
+from echo2cli.worker.client import LearnerClient
 
 pytestmark = pytest.mark.integration
 
@@ -70,10 +75,17 @@ def run(tmp_path_factory):
             "--adaptive-staleness",  # with a KL bound no real step meets: every step is flagged
             "--guard-kl-max",
             "1e-9",
+            "--report-to",
+            "jsonl,tensorboard,wandb,trackio",
             "--quiet",
         ],
         out / "learner.log",
-        env={"ECHO2_EVAL_LIMIT": "10", "ECHO2_EVAL_K": "2"},
+        env={
+            "ECHO2_EVAL_LIMIT": "10",
+            "ECHO2_EVAL_K": "2",
+            "TRACKIO_DIR": str(out / "trackio"),
+            "WANDB_MODE": "offline",
+        },
     )
     url = f"http://127.0.0.1:{port}"
     wait_listening(learner, out)
@@ -101,8 +113,27 @@ def run(tmp_path_factory):
         )
         for i in range(2)
     ]
+    watch_status(learner, url, out)
     finish(learner, workers, out)
     return out
+
+
+def echo2_status(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "echo2cli", "status", *args], capture_output=True, text=True)
+
+
+def watch_status(learner, url: str, out: Path) -> None:
+    """`echo2 status URL` while the learner trains: once a step is done, as JSON and as the view; with a wrong
+    token. Kept in out/status-*.txt for the tests below."""
+    client = LearnerClient(url, "t0k3n")
+    wait_for(lambda: learner.poll() is not None or client.status().step >= 1, 600, "the first step")
+    for name, args in (
+        ("json", [url, "--token", "t0k3n", "--json"]),
+        ("view", [url, "--token", "t0k3n"]),
+        ("wrong-token", [url, "--token", "nope"]),
+    ):
+        proc = echo2_status(*args)
+        (out / f"status-{name}.txt").write_text(f"{proc.returncode}\n{proc.stdout}\n{proc.stderr}")
 
 
 def test_learner_runs_all_steps_with_versions_advancing_and_complete_metrics(run):
@@ -183,3 +214,38 @@ def test_the_divergence_guard_flags_the_run_and_sizes_leases_with_a_lower_s(run)
         assert set(buckets) <= set(r["rollout/staleness_hist"])
         assert sum(b["tokens"] for b in buckets.values()) == r["train/tokens"]
         assert 0 < r["train/is_ess"] <= 1 + 1e-6
+
+
+def test_echo2_status_shows_the_live_learner_and_refuses_a_wrong_token(run):
+    code, stdout, _ = (run / "status-json.txt").read_text().split("\n", 2)
+    status = json.loads(stdout.strip().splitlines()[-1])
+    assert code == "0" and status["step"] >= 1 and status["target_steps"] == STEPS
+    assert {w["name"] for w in status["workers"]} == {"w0", "w1"}
+    assert status["history"] and status["history"][0]["step"] == 0
+    assert "rollout/reward_mean" in status["last_metrics"]
+    view = (run / "status-view.txt").read_text()
+    assert view.startswith("0\n") and f"/{STEPS}" in view and "w0" in view and "rejected samples" in view
+    code, _, stderr = (run / "status-wrong-token.txt").read_text().split("\n", 2)
+    assert code == "2" and "token" in stderr and "Traceback" not in stderr
+
+
+def test_echo2_status_of_the_finished_run_and_its_plot(run, tmp_path):
+    proc = echo2_status(str(run), "--json", "--plot", str(tmp_path / "run.png"))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["steps"] == STEPS and summary["version"] == STEPS and len(summary["rewards"]) == STEPS
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_logger_has_the_step_records(run):
+    rows = read_metrics(run / "metrics.jsonl")
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    board = [(e.step, e.value) for e in acc.Scalars("rollout/reward_mean")]
+    assert board == [(r["step"], pytest.approx(r["rollout/reward_mean"])) for r in rows]
+    assert [h.step for h in acc.Histograms("rollout/staleness")] == list(range(STEPS))
+    with sqlite3.connect(run / "trackio" / "echo2.db") as db:
+        logged = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM metrics ORDER BY step")]
+    assert [m["rollout/reward_mean"] for m in logged] == pytest.approx([r["rollout/reward_mean"] for r in rows])
+    (wandb_run,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    assert b"rollout/reward_mean" in wandb_run.read_bytes()
