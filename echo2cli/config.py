@@ -269,7 +269,7 @@ class WorkerConfig(_Config):
 
     HELP_PANELS: ClassVar[dict[str, str]] = {
         "Learner": "join token token_file ca_cert request_timeout_s unreachable_s learner_restart_s",
-        "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s lora_load",
+        "Engine": "prompts_per_lease kv_cache_gib max_model_len dtype seed max_rollouts_per_s lora_load env_task",
         "GPU host": "gpu_memory_utilization tensor_parallel_size max_num_seqs",
         "Swarm": "bt_listen uplink_mbps downlink_mbps web_seed verify_between_leases",
         "This worker": "name work_dir usd_per_hour",
@@ -334,6 +334,12 @@ class WorkerConfig(_Config):
         description="how a LoRA run's versions reach the engine: as vLLM LoRA adapters (a swap takes ms; vLLM's CPU "
         "LoRA path generates ~5x slower), or merged into the base on the prepare thread and reloaded like full "
         "weights (merge); auto = adapter on CUDA, merge on CPU",
+    )
+    env_task: str | None = Field(
+        None,
+        description="a multi-turn run whose task is not built in: the 'package.module:Class' whose environment "
+        "this worker runs (its code runs here, so a learner alone cannot choose it)",
+        json_schema_extra={"shown_default": "the learner's task, if built in"},
     )
     usd_per_hour: float = Field(
         0.0, ge=0.0, description="price of this worker in $/h: the learner activates the cheapest per rollout first"

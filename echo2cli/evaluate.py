@@ -11,6 +11,10 @@ A completion *solves* a problem when its `correct` component is 1 (tasks that ha
 the example task) or, for tasks without it (poker), when its reward is 1 (the best action). Rewards come
 from the task adapter through the same time-bounded scorer as in training. Problems are the first `limit`
 distinct ids of the eval split for the seed.
+
+A multi-turn task (poker_hands) plays each problem's episode turn by turn (`max_new_tokens` per turn) and
+scores the transcript by the learner's replay; its components (poker_hands: `chips`, `won`, `illegal`) are
+reported as `greedy_<name>`: greedy_chips is the base model's chips per hand.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from echo2cli.lora import is_adapter, write_merged
 from echo2cli.models import model_dir_with_weights, resolve_model
 from echo2cli.protocol import MODEL_FILES
 from echo2cli.tasks import Problem, Score, encode_chat, load_task
+from echo2cli.tasks.episodes import Turns, is_episodic, play
 from echo2cli.tasks.scoring import Scorer
+
+EPISODE_CONTEXT = 4096  # a multi-turn task's engine context: the prompt and every turn and observation after it
 
 
 def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
@@ -159,6 +166,7 @@ def _generate_and_score(
     engine: Any,
     tok: Any,
     scorer: Scorer,
+    task: Any,
     problems: list[Problem],
     prompts: list[list[int]],
     k: int,
@@ -175,6 +183,46 @@ def _generate_and_score(
     )
     texts = [[tok.decode(c.token_ids, skip_special_tokens=True) for c in group] for group in groups]
     scores = [scorer(p, t) for p, t in zip(problems * (2 if k > 0 else 1), texts, strict=True)]
+    return texts, scores
+
+
+def _play_and_score(
+    engine: Any,
+    tok: Any,
+    scorer: Scorer,
+    task: Any,
+    problems: list[Problem],
+    prompts: list[list[int]],
+    k: int,
+    max_new_tokens: int,
+) -> tuple[list[list[str]], list[list[Score]]]:
+    """`_generate_and_score` for a multi-turn task: each problem's episode played greedily, then k times at
+    temperature 1, every transcript scored by the learner's replay (`episodes.score_transcript`)."""
+    turns = Turns(tok)
+
+    def generate(batch: list[list[int]], temperature: float, new_tokens: int) -> list[Any]:
+        groups = engine.generate(batch, n=1, temperature=temperature, max_new_tokens=new_tokens)
+        return [g[0] if g else None for g in groups]
+
+    texts: list[list[str]] = []
+    scores: list[list[Score]] = []
+    for copies, temperature in ((1, 0.0), (k, 1.0)) if k > 0 else ((1, 0.0),):
+        episodes = [task.episode(p.meta["episode"]) for p in problems for _ in range(copies)]
+        played = play(
+            generate,
+            turns,
+            [ids for ids in prompts for _ in range(copies)],
+            episodes,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            max_turns=int(task.max_turns),
+            context_len=engine.max_model_len,
+            transcript_tokens=engine.max_model_len,
+        )
+        for i, problem in enumerate(problems):
+            mine = played[i * copies : (i + 1) * copies]
+            texts.append([tok.decode(t.token_ids, skip_special_tokens=False) for t in mine])
+            scores.append(scorer(problem, [(t.token_ids, t.policy_mask) for t in mine]))
     return texts, scores
 
 
@@ -203,12 +251,15 @@ def evaluate(
     prompts = [encode_chat(tok, p.messages) for p in problems]
     t0 = time.perf_counter()
     # room for every problem's k samples at once; every CPU, since nothing else runs on this engine's machine
-    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True)
+    episodic = is_episodic(task)
+    context = EPISODE_CONTEXT if episodic else 1024
+    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True, max_model_len=context)
     t_engine = time.perf_counter() - t0
-    scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s)
+    scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s, tokenizer_dir=str(model_dir))
     try:
         t1 = time.perf_counter()
-        texts, scores = _generate_and_score(engine, tok, scorer, problems, prompts, k, max_new_tokens)
+        run = _play_and_score if episodic else _generate_and_score
+        texts, scores = run(engine, tok, scorer, task, problems, prompts, k, max_new_tokens)
         t_generate = time.perf_counter() - t1
     finally:
         scorer.close()

@@ -125,6 +125,12 @@ class JoinResponse(_Msg):
     )
     policy: PolicyInfo
     lora: LoraSpec | None = Field(default=None, description="versions after 0 are LoRA adapters (None: full weights)")
+    max_turns: int = Field(
+        default=0, ge=0, le=256, description="a multi-turn task's policy turns per episode (0: one completion)"
+    )
+    transcript_tokens: int = Field(
+        default=0, ge=0, le=MAX_COMPLETION_TOKENS, description="a multi-turn task's tokens after the prompt, at most"
+    )
 
     @field_validator("model_files")
     @classmethod
@@ -146,6 +152,9 @@ class PromptItem(_Msg):
     prompt_id: int
     prompt_token_ids: list[int] = Field(
         max_length=MAX_PROMPT_TOKENS, description="chat-templated prompt, tokenized by the learner"
+    )
+    episode: str | None = Field(
+        default=None, max_length=1024, description="a multi-turn task's episode spec: the worker builds the same one"
     )
 
 
@@ -172,6 +181,11 @@ class Sample(_Msg):
         max_length=MAX_COMPLETION_TOKENS, description="behaviour log-prob of each completion token"
     )
     finish_reason: str = ""
+    policy_mask: list[int] | None = Field(
+        default=None,
+        max_length=MAX_COMPLETION_TOKENS,
+        description="multi-turn transcripts: 1 where the policy sampled the token, 0 for environment tokens",
+    )
 
 
 class RolloutBatch(_Msg):
@@ -251,9 +265,6 @@ class Status(_Msg):
     finished: bool
     workers: list[WorkerView]
     last_metrics: dict[str, float | int | str | None] = Field(default_factory=dict)
-    # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
-    history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
-    rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason
     # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
     history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
     rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason

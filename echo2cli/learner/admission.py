@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from echo2cli.learner.types import Group, RejectReason
 from echo2cli.protocol import Sample, SubmitResult
 from echo2cli.tasks import Score
+from echo2cli.tasks.episodes import mask_problem
 
 LOGPROB_TOLERANCE = 1e-3  # engines may round a near-certain token's log-prob slightly above 0
 LEDGER_KEYS = ("leased", "admitted", "rejected", "expired", "returned", "trained", "dropped_stale")
@@ -37,9 +38,12 @@ class Admission:
         vocab_size: int,
         requeue: Callable[[Iterable[int]], None],
         counters: Counter[str],
+        turns: tuple[int, int] | None = None,
     ) -> None:
+        """`max_new_tokens`: a completion's length cap, or a transcript's; `turns`: a multi-turn task's
+        (max_turns, tokens per policy turn)."""
         self.B, self.G, self.S = batch_prompts, group_size, staleness
-        self.max_new_tokens, self.vocab_size = max_new_tokens, vocab_size
+        self.max_new_tokens, self.vocab_size, self.turns = max_new_tokens, vocab_size, turns
         self.requeue, self.counters = requeue, counters
         self.ready: deque[Group] = deque()  # admitted, oldest first
         self.done: set[int] = set()  # prompts admitted (waiting, in training or trained)
@@ -62,6 +66,10 @@ class Admission:
                 return "token id outside the vocabulary"
             if any(not math.isfinite(lp) or lp > LOGPROB_TOLERANCE for lp in s.logprobs):
                 return "log-probs must be finite and <= 0"
+            if (s.policy_mask is not None) != (self.turns is not None):
+                return "policy_mask is for multi-turn tasks' transcripts, and they need one"
+            if self.turns is not None and (problem := mask_problem(s.policy_mask or [], len(s.logprobs), *self.turns)):
+                return problem
         return ""
 
     def verdict(

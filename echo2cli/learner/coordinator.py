@@ -19,6 +19,8 @@ Semantics every part agrees on:
   most once, and no prompt is lost (`accounting`, `audit`).
 - Rewards are computed here, from the returned tokens; behaviour log-probs are only checked and used for
   importance weights.
+- A multi-turn task (`tasks/episodes.py`): `max_new_tokens` caps a whole transcript, `turns` = (max_turns,
+  tokens per policy turn), and `replay` rebuilds environment tokens where `score` is the task's own.
 - Checkpoints carry the coordinator's state (`state_dict`), taken between steps. Leases do not survive a
   restart (workers join again with new ids): a resumed coordinator queues their prompts again, counted as
   returned.
@@ -44,6 +46,7 @@ from echo2cli.learner.rewards import RewardStage, ScoreFn
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Heartbeat, LeaseResponse, PolicyInfo, RolloutBatch, SubmitResult, WorkerView
 from echo2cli.tasks import Task
+from echo2cli.tasks.episodes import Turns
 
 
 class Coordinator:
@@ -64,13 +67,12 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
         score: ScoreFn | None = None,
         max_seq_len: int | None = None,
+        turns: tuple[int, int] | None = None,
+        replay: Turns | None = None,
     ) -> None:
         self.G, self.S, self.B, self.max_new_tokens = group_size, staleness, prompts_per_step, max_new_tokens
-        self.clock = clock
-        self.lock = threading.RLock()
+        self.clock, self.lock, self.version, self.finished = clock, threading.RLock(), 0, False
         self._batch_ready = threading.Condition(self.lock)  # notified when a group is admitted
-        self.version = 0
-        self.finished = False
         self.counters: Counter[str] = Counter()  # run totals: stale_samples, leases_expired, reward_errors, ...
         self.credentials = Credentials()
         self.prompts = PromptSource(task, seed, encode_prompt, max_new_tokens, max_seq_len, self.counters)
@@ -91,6 +93,7 @@ class Coordinator:
             vocab_size=vocab_size,
             requeue=self.prompts.requeue,
             counters=self.counters,
+            turns=turns,
         )
         self.published = PublishedVersions()
         self.dispatcher = Dispatcher(
@@ -102,7 +105,7 @@ class Coordinator:
             leases=self.leases,
             fleet=self.fleet,
             admission=self.admission,
-            rewards=RewardStage(task, decode, score),
+            rewards=RewardStage(task, decode, score, replay),
             dispatcher=self.dispatcher,
             cut_off=lambda worker_id: self.leave(worker_id, cut_off=True),
         )

@@ -79,7 +79,14 @@ class Dispatcher:
         self.admission.ledger["leased"] += len(ids)
         worker.leases += 1
         lease_id = self.leases.grant(worker_id, version, ids)
-        items = [PromptItem(prompt_id=i, prompt_token_ids=self.prompts.token_ids[i]) for i in ids]
+        items = [
+            PromptItem(
+                prompt_id=i,
+                prompt_token_ids=self.prompts.token_ids[i],
+                episode=self.prompts.problems[i].meta.get("episode"),
+            )
+            for i in ids
+        ]
         return Lease(lease_id=lease_id, version=version, prompts=items, deadline_s=self.leases.timeout_s)
 
     def in_flight(self) -> int:

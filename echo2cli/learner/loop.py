@@ -62,6 +62,7 @@ from echo2cli.lora import lora_spec
 from echo2cli.models import MODEL_FILES, resolve_model
 from echo2cli.protocol import LoraSpec
 from echo2cli.tasks import encode_chat, load_task
+from echo2cli.tasks.episodes import is_episodic
 from echo2cli.tasks.scoring import Scorer
 from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.units import mbps_to_bytes_per_s
@@ -95,22 +96,35 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
             f"max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's {positions} positions: "
             "lower it"
         )
+    task = load_task(cfg.task, cfg.task_options)
+    completion_cap, turns = completion_limits(cfg, task)
     coord = Coordinator(
-        load_task(cfg.task, cfg.task_options),
+        task,
         encode_prompt=lambda messages: encode_chat(tok, messages),
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
         group_size=cfg.group_size,
         staleness=cfg.staleness,
         prompts_per_step=cfg.prompts_per_step,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=completion_cap,
         vocab_size=int(trainer.model.config.vocab_size),
         lease_timeout_s=cfg.lease_timeout(),
         heartbeat_s=cfg.heartbeat_s,
         seed=cfg.seed,
         score=scorer,
-        max_seq_len=min(positions, cfg.max_prompt_tokens + cfg.max_new_tokens),
+        max_seq_len=min(positions, cfg.max_prompt_tokens + completion_cap),
+        turns=turns,
     )
     return trainer, coord
+
+
+def completion_limits(cfg: LearnerConfig, task: Any) -> tuple[int, tuple[int, int] | None]:
+    """Tokens after the prompt, at most, and a multi-turn task's (max_turns, tokens per policy turn). A transcript
+    holds max_turns policy turns of max_new_tokens and the observations between them, each at most
+    max_prompt_tokens."""
+    if not is_episodic(task):
+        return cfg.max_new_tokens, None
+    turns = int(task.max_turns)
+    return turns * cfg.max_new_tokens + (turns - 1) * cfg.max_prompt_tokens, (turns, cfg.max_new_tokens)
 
 
 def training_cpus(cfg: LearnerConfig) -> set[int] | None:
@@ -160,14 +174,17 @@ def follow_learner(cfg: LearnerConfig) -> None:
 
 
 def run_settings(
-    cfg: LearnerConfig, context_len: int | None, model_files: list[str], lora: LoraSpec | None
+    cfg: LearnerConfig, coord: Coordinator, model_files: list[str], lora: LoraSpec | None
 ) -> dict[str, Any]:
     """What every join answer tells a worker of the run (besides its own credentials and the newest version)."""
+    turns = coord.admission.turns
     return dict(
         task=cfg.task,
         group_size=cfg.group_size,
         max_new_tokens=cfg.max_new_tokens,
-        context_len=context_len,
+        context_len=coord.prompts.max_seq_len,
+        max_turns=turns[0] if turns else 0,
+        transcript_tokens=coord.max_new_tokens if turns else 0,
         temperature=cfg.temperature,
         staleness=cfg.staleness,
         heartbeat_s=cfg.heartbeat_s,
@@ -187,7 +204,9 @@ class Learner:
         self.model_files = [f for f in MODEL_FILES if (self.model_dir / f).exists()]
         self._closing = contextlib.ExitStack()  # everything opened here, closed when `run` ends
         self.scorer = self._closing.enter_context(
-            contextlib.closing(Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s))
+            contextlib.closing(
+                Scorer(cfg.task, cfg.task_options, timeout_s=cfg.reward_timeout_s, tokenizer_dir=str(self.model_dir))
+            )
         )
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
         self._closing.callback(self.trainer.close)  # a sharded trainer's other ranks stop with this one
@@ -261,7 +280,7 @@ class Learner:
         self.publisher.publish(self.start_step)
         self.publisher.wait()
         cfg = self.cfg
-        join_info = run_settings(cfg, self.coord.prompts.max_seq_len, self.model_files, self.trainer.lora)
+        join_info = run_settings(cfg, self.coord, self.model_files, self.trainer.lora)
         app = build_app(
             self.coord,
             run_id=self.run_id,

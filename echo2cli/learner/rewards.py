@@ -12,21 +12,35 @@ from collections.abc import Callable, Mapping
 
 from echo2cli.protocol import Sample
 from echo2cli.tasks import Problem, Score, Task
-from echo2cli.tasks.scoring import safe_score
+from echo2cli.tasks.episodes import Turns, is_episodic
+from echo2cli.tasks.scoring import Completion, safe_score
 
-ScoreFn = Callable[[Problem, list[str]], list[Score]]
+ScoreFn = Callable[[Problem, list[Completion]], list[Score]]
 
 
 class RewardStage:
-    def __init__(self, task: Task, decode: Callable[[list[int]], str], score: ScoreFn | None = None) -> None:
-        """`score(problem, texts)` scores a group at once; by default the task's own score, one text at a time."""
+    def __init__(
+        self,
+        task: Task,
+        decode: Callable[[list[int]], str],
+        score: ScoreFn | None = None,
+        turns: Turns | None = None,
+    ) -> None:
+        """`score(problem, texts)` scores a group at once; by default the task's own score, one text at a time.
+        A multi-turn task's samples go to it as transcripts (token ids, policy mask), replayed with `turns`."""
         self.decode = decode
-        self.score = score or (lambda problem, texts: [safe_score(task, problem, t) for t in texts])
+        self.episodic = is_episodic(task)
+        self.score = score or (lambda problem, items: [safe_score(task, problem, c, turns) for c in items])
+
+    def completion(self, sample: Sample) -> Completion:
+        if self.episodic:
+            return (list(sample.completion_token_ids), list(sample.policy_mask or []))
+        return self.decode(sample.completion_token_ids)
 
     def __call__(self, problems: Mapping[int, Problem], groups: Mapping[int, list[Sample]]) -> dict[int, list[Score]]:
         """Scores of each group's samples, in sample order, for every prompt in `problems`."""
         scores = {}
         for prompt_id, problem in problems.items():
             samples = sorted(groups[prompt_id], key=lambda s: s.sample_idx)
-            scores[prompt_id] = self.score(problem, [self.decode(s.completion_token_ids) for s in samples])
+            scores[prompt_id] = self.score(problem, [self.completion(s) for s in samples])
         return scores

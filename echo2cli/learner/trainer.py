@@ -154,6 +154,8 @@ class TokenLogp(torch.nn.Module):
         if min(counts) < 1:
             return None
         prompt_lens = (mask.argmax(1) + 1).tolist()  # mask starts at the target of the first completion token
+        if [n + p - 1 for n, p in zip(counts, prompt_lens, strict=True)] != (attn.sum(1) - 1).tolist():
+            return None  # a transcript's environment tokens leave holes in the mask: its rows are not all loss
         rows = ids.tolist()
         first: dict[tuple[int, ...], int] = {}
         owner = [first.setdefault(tuple(r[:n]), len(first)) for r, n in zip(rows, prompt_lens, strict=True)]
@@ -280,22 +282,22 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             return policy(ids, attn, mask, self.temperature)
 
-    def _collate(
-        self, rows: Sequence[tuple[list[int], list[int], list[float]]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """rows of (prompt ids, completion ids, behaviour logprobs) → padded tensors aligned to targets."""
-        length = max(len(p) + len(c) for p, c, _ in rows)
+    def _collate(self, rows: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """rows of (prompt ids, completion ids, behaviour logprobs[, policy mask]) → padded tensors aligned to
+        targets. A multi-turn transcript's environment tokens (policy mask 0) are inputs only: no loss."""
+        length = max(len(row[0]) + len(row[1]) for row in rows)
         n = len(rows)
         ids = torch.full((n, length), self.pad_id, dtype=torch.long)
         attn = torch.zeros((n, length), dtype=torch.long)
         mask = torch.zeros((n, length - 1))
         behaviour = torch.zeros((n, length - 1))
-        for i, (p, c, lp) in enumerate(rows):
+        for i, row in enumerate(rows):
+            p, c, lp, policy = (*row, None)[:4]  # no mask: every completion token is the policy's
             seq = p + c
             ids[i, : len(seq)] = torch.tensor(seq)
             attn[i, : len(seq)] = 1
             # target position j predicts token j+1; completion tokens sit at len(p) .. len(seq)-1
-            mask[i, len(p) - 1 : len(seq) - 1] = 1
+            mask[i, len(p) - 1 : len(seq) - 1] = 1 if policy is None else torch.tensor(policy, dtype=mask.dtype)
             behaviour[i, len(p) - 1 : len(seq) - 1] = torch.tensor(lp)
         dev = self.device
         return ids.to(dev), attn.to(dev), mask.to(dev), behaviour.to(dev)
@@ -306,11 +308,13 @@ class Trainer:
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
-        rows = [(g.prompt_token_ids, s.completion_token_ids, s.logprobs) for g in groups for s in g.samples]
+        rows = [
+            (g.prompt_token_ids, s.completion_token_ids, s.logprobs, s.policy_mask) for g in groups for s in g.samples
+        ]
         origin = [(g, s) for g in groups for s in g.samples]
         lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
-        total_tokens = sum(len(c) for _, c, _ in rows)
-        lengths = [len(p) + len(c) for p, c, _ in rows]
+        total_tokens = sum(len(c) if m is None else sum(m) for _, c, _, m in rows)  # the tokens with a loss
+        lengths = [len(p) + len(c) for p, c, _, _ in rows]
         group_of = [k for k, g in enumerate(groups) for _ in g.samples] if self.policy.share_prompts else None
         chunks = micro_batches(
             self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch, group_of

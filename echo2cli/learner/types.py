@@ -18,6 +18,7 @@ class RejectReason(StrEnum):
     VERSION_MISMATCH = "version_mismatch"
     INVALID_SAMPLES = "invalid_samples"
     STALE = "stale"
+    FORGED_ENV = "forged_env"
 
     @property
     def detail(self) -> str:
@@ -32,6 +33,7 @@ class RejectReason(StrEnum):
             RejectReason.VERSION_MISMATCH,
             RejectReason.INVALID_SAMPLES,
             RejectReason.REVOKED,
+            RejectReason.FORGED_ENV,
         )
 
 
@@ -43,6 +45,7 @@ _DETAIL = {
     RejectReason.VERSION_MISMATCH: "version does not match the lease",
     RejectReason.INVALID_SAMPLES: "",  # the validation failure itself is the detail
     RejectReason.STALE: "more than S versions behind the learner",
+    RejectReason.FORGED_ENV: "a transcript's environment tokens are not what the environment produces on replay",
 }
 
 

@@ -12,7 +12,8 @@ every run) and chat `messages` (an optional system message, then the user's). Th
 overlaps the train split. `score` returns the reward and named components (format, correctness, ...),
 all of which the learner logs as `reward/<name>`. Rewards are computed on the learner only, through
 `scoring.py`, which turns an exception or a timeout into reward 0 and a counted error. A task may set
-`max_new_tokens`, the completion length `echo2 eval` uses unless told otherwise.
+`max_new_tokens`, the completion length `echo2 eval` uses unless told otherwise. A multi-turn task (an
+environment played turn by turn: `poker_hands`) also has `max_turns` and `episode(spec)`: see `episodes.py`.
 
 Built-in tasks are named (`arithmetic`, `math`, `poker`); a user's own is given as
 `package.module:ClassName` (see examples/my_task.py) and constructed with the task options of the config
@@ -78,6 +79,8 @@ def builtin_tasks() -> dict[str, str]:
         "arithmetic": "echo2cli.tasks.arithmetic:ArithmeticTask",
         "math": "echo2cli.tasks.math:MathTask",
         "poker": "echo2cli.tasks.poker:PokerTask",
+        "poker_hands": "echo2cli.tasks.poker_hands:PokerHandsTask",
+        "verifiers": "echo2cli.tasks.verifiers_env:VerifiersTask",
     }
 
 

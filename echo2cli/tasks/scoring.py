@@ -6,6 +6,9 @@ number or a deeply nested expression. `safe_score` turns an exception into rewar
 spec and options); if a group is not done within `timeout_s` per completion, the process is killed and the
 group's completions are scored one at a time, so only the completion that hangs gets reward 0 with
 component `timeout` = 1. Both counts are logged (`reward/errors_total`, `reward/timeouts_total`).
+
+A multi-turn task's "completion" is a transcript, (token ids, policy mask): the scoring process loads the
+model's tokenizer (`tokenizer_dir`) and replays the episode (`episodes.score_transcript`).
 """
 
 from __future__ import annotations
@@ -17,15 +20,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from echo2cli.tasks import Problem, Score, Task, load_task
+from echo2cli.tasks.episodes import FORGED, Turns, is_episodic, score_transcript
+
+Completion = str | tuple[list[int], list[int]]  # a text, or a multi-turn transcript's (token ids, policy mask)
 
 ERROR = Score(0.0, {"error": 1.0})
 TIMEOUT = Score(0.0, {"timeout": 1.0})
 
 
-def safe_score(task: Task, problem: Problem, completion: str) -> Score:
+def safe_score(task: Task, problem: Problem, completion: Completion, turns: Turns | None = None) -> Score:
     """The task's score, with anything but a finite reward in [0, 1] turned into reward 0 and `error` = 1."""
     try:
-        score = task.score(problem, completion)
+        if isinstance(completion, tuple):
+            if turns is None:
+                raise ValueError("a transcript needs the tokenizer's turns")
+            ids, mask = completion
+            score = score_transcript(task, turns, problem.meta["episode"], ids, mask)
+            if score.components.get(FORGED):
+                return score
+        else:
+            score = task.score(problem, completion)
         reward = float(score.reward)
         components = {str(k): float(v) for k, v in dict(score.components).items()}
     except Exception:  # user code on untrusted input: any failure is a zero reward, counted
@@ -36,23 +50,36 @@ def safe_score(task: Task, problem: Problem, completion: str) -> Score:
 
 
 _task: Task | None = None  # in the scoring process
+_turns: Turns | None = None
 
 
-def _init(spec: str, options: Mapping[str, Any]) -> None:
-    global _task
+def _init(spec: str, options: Mapping[str, Any], tokenizer_dir: str | None) -> None:
+    global _task, _turns
     _task = load_task(spec, options)
+    if tokenizer_dir is not None and is_episodic(_task):
+        from transformers import AutoTokenizer
+
+        _turns = Turns(AutoTokenizer.from_pretrained(tokenizer_dir))
 
 
-def _score_all(problem: Problem, completions: list[str]) -> list[tuple[float, dict[str, float]]]:
+def _score_all(problem: Problem, completions: list[Completion]) -> list[tuple[float, dict[str, float]]]:
     assert _task is not None
-    return [(s.reward, dict(s.components)) for s in (safe_score(_task, problem, c) for c in completions)]
+    return [(s.reward, dict(s.components)) for s in (safe_score(_task, problem, c, _turns) for c in completions)]
 
 
 class Scorer:
     """Scores a group of completions in a separate process, with a deadline (see the module docstring)."""
 
-    def __init__(self, spec: str, options: Mapping[str, Any] | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        spec: str,
+        options: Mapping[str, Any] | None = None,
+        timeout_s: float = 5.0,
+        tokenizer_dir: str | None = None,
+    ) -> None:
+        """`tokenizer_dir`: the model's, for a multi-turn task's transcripts."""
         self.spec, self.options, self.timeout_s = spec, dict(options or {}), timeout_s
+        self.tokenizer_dir = tokenizer_dir
         self.errors = 0
         self.timeouts = 0
         self._pool: Any = None
@@ -61,7 +88,7 @@ class Scorer:
     def _get_pool(self) -> Any:
         if self._pool is None:
             ctx = multiprocessing.get_context("forkserver")  # never fork a process that runs torch threads
-            self._pool = ctx.Pool(1, initializer=_init, initargs=(self.spec, self.options))
+            self._pool = ctx.Pool(1, initializer=_init, initargs=(self.spec, self.options, self.tokenizer_dir))
         return self._pool
 
     def _kill(self) -> None:
@@ -69,7 +96,7 @@ class Scorer:
         self._pool.join()
         self._pool = None
 
-    def _run(self, problem: Problem, completions: list[str]) -> list[Score] | None:
+    def _run(self, problem: Problem, completions: list[Completion]) -> list[Score] | None:
         job = self._get_pool().apply_async(_score_all, (problem, completions))
         try:
             return [Score(r, c) for r, c in job.get(timeout=self.timeout_s * len(completions))]
@@ -77,7 +104,7 @@ class Scorer:
             self._kill()
             return None
 
-    def __call__(self, problem: Problem, completions: list[str]) -> list[Score]:
+    def __call__(self, problem: Problem, completions: list[Completion]) -> list[Score]:
         with self._lock:
             scores = self._run(problem, completions)
             if scores is None:  # one of them hangs: find it

@@ -29,7 +29,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,10 +55,12 @@ from echo2cli.protocol import (
     RolloutBatch,
     Sample,
 )
+from echo2cli.tasks.episodes import Transcript
 from echo2cli.tls import trust_for_torrents
 from echo2cli.units import mbps_to_bytes_per_s
 from echo2cli.worker.client import LearnerClient
 from echo2cli.worker.engine import Completion
+from echo2cli.worker.multiturn import EpisodePlayer
 from echo2cli.worker.trust import safe_model_file
 from echo2cli.worker.versions import VersionStore
 
@@ -90,7 +92,7 @@ class Stats:
     rejoins: int = 0
 
 
-def rollout_batch(worker_id: str, lease: Lease, groups: list[list[Completion]]) -> RolloutBatch:
+def rollout_batch(worker_id: str, lease: Lease, groups: Sequence[Sequence[Completion | Transcript]]) -> RolloutBatch:
     """The engine's completions for a lease, as the batch returned to the learner. A prompt the engine could not
     take (longer than its context) has no completions: it is handed back, and the learner leases it elsewhere."""
     samples = [
@@ -100,6 +102,7 @@ def rollout_batch(worker_id: str, lease: Lease, groups: list[list[Completion]]) 
             completion_token_ids=c.token_ids,
             logprobs=c.logprobs,
             finish_reason=c.finish_reason,
+            policy_mask=c.policy_mask if isinstance(c, Transcript) else None,
         )
         for p, group in zip(lease.prompts, groups, strict=True)
         for i, c in enumerate(group)
@@ -108,6 +111,16 @@ def rollout_batch(worker_id: str, lease: Lease, groups: list[list[Completion]]) 
     return RolloutBatch(
         worker_id=worker_id, lease_id=lease.lease_id, version=lease.version, samples=samples, unservable=unservable
     )
+
+
+def generate_lease(
+    engine: EngineLike, episodes: EpisodePlayer | None, lease: Lease, info: JoinResponse, context_len: int
+) -> Sequence[Sequence[Completion | Transcript]]:
+    """G completions of each leased prompt, or G played episodes of a multi-turn task."""
+    if episodes is not None:
+        return episodes.play(engine, lease, context_len)
+    prompts = [p.prompt_token_ids for p in lease.prompts]
+    return engine.generate(prompts, n=info.group_size, temperature=info.temperature, max_new_tokens=info.max_new_tokens)
 
 
 class Worker:
@@ -133,6 +146,7 @@ class Worker:
         self.store: VersionStore | None = None
         self.engine: EngineLike | None = None
         self.context_len = 0  # the engine's: --max-model-len, else the run's (join answer); 0 until it starts
+        self.episodes: EpisodePlayer | None = None  # a multi-turn task's environment
         self.worker_id = ""
         self.swap_s = 0.0  # the last swap's stall: the reload (plus hash check or rebuild: verify_between_leases)
         self.tokens_per_s = 0.0
@@ -214,6 +228,7 @@ class Worker:
         link_weights(engine_dir, self.store.weights(first.policy.version))
         self.context_len = self.cfg.max_model_len or info.context_len or DEFAULT_CONTEXT_LEN
         self.engine = self.make_engine(engine_dir, self.context_len, None if self.store.merge_adapters else info.lora)
+        self.episodes = EpisodePlayer(info, self.cfg.env_task, engine_dir) if info.max_turns else None
         self.store.record_load(self.worker_id, first, 0.0, t_swap=0.0)
         self._send_heartbeat()
         self.console.log(f"engine up with version {first.policy.version}")
@@ -344,10 +359,7 @@ class Worker:
         assert self.engine is not None
         info = self.join_info
         t0 = time.perf_counter()
-        prompts = [p.prompt_token_ids for p in lease.prompts]
-        groups = self.engine.generate(
-            prompts, n=info.group_size, temperature=info.temperature, max_new_tokens=info.max_new_tokens
-        )
+        groups = generate_lease(self.engine, self.episodes, lease, info, self.context_len)
         gen_s = time.perf_counter() - t0
         batch = rollout_batch(self.worker_id, lease, groups)
         if batch.unservable:
