@@ -85,3 +85,21 @@ def test_eval_of_a_parquet_dataset_on_its_test_split():
         "Ben has 11 marbles and loses 5",
         "A car travels 30 km per hour for 2 hours",
     }
+
+
+def test_eval_of_a_verifiers_environment():
+    envs = str(Path(__file__).parent.parent / "vf_envs")
+    options = ["--option", "env=vf-tiny-sums", "--option", 'env_args={"num_tasks": 40}']
+    result = run_eval(
+        "--task", "verifiers", *options, "--k", "2", "--max-new-tokens", "8", env={**os.environ, "PYTHONPATH": envs}
+    )
+    check(result, result["problems"])
+    assert result["task"] == "verifiers" and "greedy_correct" in result and 4 <= result["problems"] <= 16
+
+
+def test_eval_of_whole_poker_hands_plays_each_hand_turn_by_turn():
+    result = run_eval("--task", "poker_hands", "--option", "unreadable=call", "--limit", "4", "--k", "2")
+    check(result, 4)
+    assert result["reward_errors"] == 0 and -200 <= result["greedy_chips"] <= 200
+    assert result["greedy_turns"] > 1  # an unreadable answer calls: the hands go on past the first decision
+    assert "<|im_start|>user" in result["examples"][0]["greedy"]  # the observations between the turns
