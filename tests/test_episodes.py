@@ -1,6 +1,6 @@
 """Multi-turn episodes: the chat template's turn boundary, play against a scripted generator (pure logic), the
 learner's replay (honest transcripts score as played; forged environment tokens, extra turns and bad masks do
-not), poker hands by the documented opponent, admission of masks, and the trainer's loss on policy tokens only."""
+not), poker hands by the documented opponent, and admission of masks (the trainer's side: tests/test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import random
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from echo2cli.learner.admission import Admission
 from echo2cli.models import prepare_default_model
@@ -164,29 +163,3 @@ def test_specs_from_the_network_are_checked():
         with pytest.raises(ValueError):
             parse_spec(bad)
     assert load_task("poker_hands", {"unreadable": "call"}).unreadable == "call"
-
-
-def test_the_trainer_scores_policy_tokens_only(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from echo2cli.learner.trainer import Trainer
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    tr = Trainer(tmp_path, lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=4)
-    ids, attn, mask, behaviour = tr._collate(
-        [([5, 6], [7, 8, 9, 10, 11], [-1.0, -1.0, 0.0, 0.0, -1.0], [1, 1, 0, 0, 1])]
-    )
-    assert mask[0].tolist() == [0, 1, 1, 0, 0, 1]
-    policy = __import__("echo2cli.learner.trainer", fromlist=["TokenLogp"]).TokenLogp(tr.model)
-    assert policy._prompt_plan(ids, attn, mask) is None  # holes in the mask: no prompt sharing

@@ -201,3 +201,19 @@ def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):
     assert buckets["0"]["tokens"] == 4 and buckets["3"]["tokens"] == 6
     assert buckets["3"]["is_ess"] == pytest.approx(1.0, abs=1e-4)  # log-probs from this very policy: w = 1
     assert m["train/is_ess"] == pytest.approx(1.0, abs=1e-4) and m["train/masked_frac"] == 0.0
+
+
+def test_a_transcripts_environment_tokens_carry_no_loss_and_share_no_prompt(tiny_model_dir):
+    from echo2cli.learner.trainer import TokenLogp
+
+    tr = make_trainer(tiny_model_dir)
+    row = ([5, 6], [7, 8, 9, 10, 11], [-1.0, -1.0, 0.0, 0.0, -1.0], [1, 1, 0, 0, 1])  # policy, env, policy
+    ids, attn, mask, _ = tr._collate([row, row])
+    assert mask[0].tolist() == [0, 1, 1, 0, 0, 1]
+    assert TokenLogp(tr.model)._prompt_plan(ids, attn, mask) is None  # holes in the mask: the plain pass
+    samples = [
+        Sample(prompt_id=0, sample_idx=i, completion_token_ids=row[1], logprobs=row[2], policy_mask=row[3])
+        for i in range(2)
+    ]
+    metrics = tr.step([Group(0, 0, row[0], samples, [1.0, 0.0], "w")])
+    assert metrics["train/tokens"] == 2 * 3  # the policy's tokens alone

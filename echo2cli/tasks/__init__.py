@@ -23,6 +23,8 @@ file (`[learner.task_options]`) as keyword arguments.
 from __future__ import annotations
 
 import importlib
+import itertools
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -71,6 +73,18 @@ class Task(Protocol):
     def prompts(self, seed: int, split: Split = "train") -> Iterator[Problem]: ...
 
     def score(self, problem: Problem, completion: str) -> Score: ...
+
+
+def fixed_split(train: Sequence[Problem], held_out: Sequence[Problem], seed: int, split: Split) -> Iterator[Problem]:
+    """The prompt stream of a fixed set of problems: the eval split once, in order; the train split endless, each
+    epoch a shuffle seeded by (seed, epoch)."""
+    if split == "eval":
+        yield from held_out
+        return
+    for epoch in itertools.count():
+        order = list(train)
+        random.Random(f"{seed}/{epoch}").shuffle(order)
+        yield from order
 
 
 def builtin_tasks() -> dict[str, str]:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 import re
 import tempfile
 from collections.abc import Iterator
@@ -51,7 +50,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from echo2cli.tasks import Problem, Score, Split, chat
+from echo2cli.tasks import Problem, Score, Split, chat, fixed_split
 
 # math-verify warns once that its timeouts are off; that is deliberate here (see above).
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -338,15 +337,7 @@ class MathTask:
         self.train, self.eval = load_problems(self.path, eval_every, columns, split, eval_split)
 
     def prompts(self, seed: int, split: Split = "train") -> Iterator[Problem]:
-        if split == "eval":
-            yield from self.eval
-            return
-        epoch = 0
-        while True:
-            order = list(self.train)
-            random.Random(f"{seed}/{epoch}").shuffle(order)
-            yield from order
-            epoch += 1
+        return fixed_split(self.train, self.eval, seed, split)
 
     def score(self, problem: Problem, completion: str) -> Score:
         tail = completion[-TAIL_CHARS:]

@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from echo2cli.tasks import Problem, Score, Split
+from echo2cli.tasks import Problem, Score, Split, fixed_split
 
 
 def _vf() -> Any:
     try:
         import verifiers.v1 as vf
     except ImportError as exc:
-        raise ValueError(f"the verifiers task needs the verifiers package: pip install 'echo2cli[verifiers]' ({exc})")
+        raise ValueError(
+            f"the verifiers task needs the verifiers package: pip install 'echo2cli[verifiers]' ({exc})"
+        ) from None
     return vf
 
 
@@ -91,15 +92,7 @@ class VerifiersTask:
             raise ValueError(f"verifiers environment {env!r} has no training tasks ({len(self.eval)} held out)")
 
     def prompts(self, seed: int, split: Split = "train") -> Iterator[Problem]:
-        if split == "eval":
-            yield from self.eval
-            return
-        epoch = 0
-        while True:
-            order = list(self.train)
-            random.Random(f"{seed}/{epoch}").shuffle(order)
-            yield from order
-            epoch += 1
+        return fixed_split(self.train, self.eval, seed, split)
 
     def score(self, problem: Problem, completion: str) -> Score:
         task = self.tasks[problem.meta["key"]]
