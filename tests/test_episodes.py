@@ -163,3 +163,11 @@ def test_specs_from_the_network_are_checked():
         with pytest.raises(ValueError):
             parse_spec(bad)
     assert load_task("poker_hands", {"unreadable": "call"}).unreadable == "call"
+
+
+def test_a_transcript_is_truncated_by_its_last_turn_alone():
+    from echo2cli.learner.records import last_turn
+
+    sample = Sample(prompt_id=0, sample_idx=0, completion_token_ids=list(range(9)), logprobs=[-1.0] * 9)
+    assert last_turn(sample) == 9
+    assert last_turn(sample.model_copy(update={"policy_mask": [1, 1, 1, 0, 0, 0, 0, 1, 1]})) == 2

@@ -15,6 +15,8 @@ from typing import Any
 from echo2cli.learner.types import Group
 from echo2cli.loggers import Reporters
 from echo2cli.metrics import MetricsWriter, read_metrics
+from echo2cli.protocol import Sample
+from echo2cli.tasks.episodes import spans
 
 # the metrics `/v1/status` shows (the demo's live view and `echo2 status` read them)
 SCALARS_IN_STATUS = (
@@ -50,7 +52,8 @@ HISTORY = 120
 
 def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[str, Any]:
     """`rollout/*` and `reward/*` of the groups trained at `step`; staleness counts every trained sample.
-    A completion is truncated if it reached max_new_tokens (counted here, not taken from the worker's word)."""
+    A completion (a transcript: its last turn) is truncated if it reached max_new_tokens (counted here, not taken
+    from the worker's word)."""
     rewards = [r for g in groups for r in g.rewards]
     lengths = [len(s.completion_token_ids) for g in groups for s in g.samples]
     mean = sum(rewards) / len(rewards)
@@ -67,7 +70,7 @@ def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[s
         "rollout/worker_versions": sorted({(g.worker_id, g.version) for g in groups}),
         "rollout/gen_tokens": sum(lengths),
         "rollout/completion_len_max": max(lengths),
-        "rollout/truncated_frac": sum(n >= max_new_tokens for n in lengths) / len(lengths),
+        "rollout/truncated_frac": sum(last_turn(s) >= max_new_tokens for g in groups for s in g.samples) / len(lengths),
         "rollout/prompt_ids": [g.prompt_id for g in groups],
         **component_means(groups),
     }
@@ -79,6 +82,13 @@ def batch_histograms(groups: list[Group], step: int) -> dict[str, list[float]]:
         "rollout/rewards": [r for g in groups for r in g.rewards],
         "rollout/staleness": [float(step - g.version) for g in groups for _ in g.samples],
     }
+
+
+def last_turn(sample: Sample) -> int:
+    """Tokens of the sample's last policy turn: the whole completion, or a transcript's final policy span."""
+    if sample.policy_mask is None:
+        return len(sample.completion_token_ids)
+    return next(end - start for start, end, policy in reversed(spans(sample.policy_mask)) if policy)
 
 
 def component_means(groups: list[Group]) -> dict[str, float]:
