@@ -126,7 +126,8 @@ def watch_status(learner, url: str, out: Path) -> None:
     """`echo2 status URL` while the learner trains: once a step is done, as JSON and as the view; with a wrong
     token. Kept in out/status-*.txt for the tests below."""
     client = LearnerClient(url, "t0k3n")
-    wait_for(lambda: learner.poll() is not None or client.status().step >= 1, 600, "the first step")
+    # the step counter advances when a step's version is handed to the publisher; its metrics follow
+    wait_for(lambda: learner.poll() is not None or client.status().history, 600, "the first step's metrics")
     for name, args in (
         ("json", [url, "--token", "t0k3n", "--json"]),
         ("view", [url, "--token", "t0k3n"]),
