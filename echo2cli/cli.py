@@ -30,8 +30,9 @@ from echo2cli.config import (
     PlanConfig,
     WorkerConfig,
     load_config,
+    read_token_file,
 )
-from echo2cli.errors import Echo2Error
+from echo2cli.errors import ConfigError, Echo2Error
 
 ENV_NOTE = (
     "Every option can also be set in the --config TOML file or as an ECHO2_<NAME> variable, NAME as in the TOML "
@@ -214,7 +215,10 @@ def status_cmd(
     if plot is not None:
         raise typer.BadParameter("--plot reads a run directory; for a live learner use --watch")
     if token_file is not None:
-        token = _read_token(token_file)
+        try:
+            token = read_token_file(token_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     from echo2cli.worker.client import LearnerClient
 
     client = LearnerClient(target, token, ca_cert=ca_cert, request_timeout_s=10.0, unreachable_s=5.0)
@@ -223,13 +227,6 @@ def status_cmd(
         print(status.model_dump_json())
     elif not watch and status is not None:
         out.print(view.render(status, "[dim]live[/]"))
-
-
-def _read_token(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError as exc:
-        raise Echo2Error(f"cannot read token file {path}: {exc}") from exc
 
 
 @app.command("eval", epilog=ENV_NOTE)

@@ -31,6 +31,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_token_file(path: Path) -> str:
+    """The secret in a token file; ValueError if it cannot be read or is empty."""
+    try:
+        token = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -38,13 +49,7 @@ class _Config(BaseModel):
     def _token_from_file(self) -> _Config:
         path = getattr(self, "token_file", None)
         if path is not None and getattr(self, "token", None) is None:
-            try:
-                token = Path(path).expanduser().read_text().strip()
-            except OSError as exc:
-                raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
-            if not token:
-                raise ValueError(f"the token file {path} is empty")
-            object.__setattr__(self, "token", token)
+            object.__setattr__(self, "token", read_token_file(path))
         return self
 
 

@@ -13,7 +13,7 @@ one warning: a logger never stops training.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -34,13 +34,8 @@ def parse_report_to(text: str) -> list[str]:
     if unknown := [n for n in names if n not in BACKENDS]:
         raise ConfigError(f"--report-to: unknown logger(s) {unknown}; choose from {', '.join(BACKENDS)}")
     for name in names:
-        if name in PACKAGES:
-            try:
-                importlib.import_module(PACKAGES[name])
-            except ImportError:
-                raise ConfigError(
-                    f"--report-to {name} needs the {PACKAGES[name]} package: pip install 'echo2cli[{name}]'"
-                ) from None
+        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None:
+            raise ConfigError(f"--report-to {name} needs the {PACKAGES[name]} package: pip install 'echo2cli[{name}]'")
     return ["jsonl"] + sorted(set(names) - {"jsonl"}, key=BACKENDS.index)
 
 

@@ -155,16 +155,16 @@ class StepLog:
 
     def __init__(self, out: Path, start_step: int, reporters: Reporters | None = None) -> None:
         path = out / "metrics.jsonl"
+        kept = [row for row in read_metrics(path) if row.get("step", -1) < start_step]
         if path.exists():
-            lines = [line for line in path.read_text().splitlines() if line.strip()]
-            keep = [line for line in lines if json.loads(line).get("step", -1) < start_step]
-            path.write_text("".join(line + "\n" for line in keep))
+            path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
         self.metrics = MetricsWriter(path)
         self.mismatch = MetricsWriter(out / "mismatch.jsonl")
         self.last: dict[str, Any] = {}
-        self.history: deque[dict[str, float | None]] = deque(maxlen=HISTORY)
-        for row in read_metrics(path)[-HISTORY:]:  # a resumed run's earlier steps
-            self.history.append({k: row.get(k) for k in HISTORY_KEYS})
+        self.history: deque[dict[str, float | None]] = deque(
+            ({k: row.get(k) for k in HISTORY_KEYS} for row in kept),
+            maxlen=HISTORY,  # a resumed run's earlier steps
+        )
         self.reporters = reporters
 
     def write(self, record: dict[str, Any], outliers: list[dict[str, Any]], histograms: dict[str, list[float]]) -> None:
