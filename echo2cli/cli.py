@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from echo2cli.config import (
     read_token_file,
 )
 from echo2cli.errors import ConfigError, Echo2Error
+from echo2cli.textsafe import DETAIL_LEN, shown
 
 ENV_NOTE = (
     "Every option can also be set in the --config TOML file or as an ECHO2_<NAME> variable, NAME as in the TOML "
@@ -122,10 +123,15 @@ def learner(
 
 def _relaunch_under_torchrun(nproc: int) -> None:
     """This same command again as `nproc` ranks of one torchrun job (rank 0 is the learner, the rest train)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    argv += ["-m", "echo2cli", *sys.argv[1:]]
     sys.stdout.flush()
-    os.execv(sys.executable, argv)
+    os.execv(sys.executable, torchrun_argv(nproc, sys.argv[1:]))
+
+
+def torchrun_argv(nproc: int, args: list[str]) -> list[str]:
+    """The command line of `echo2 ARGS` as `nproc` torchrun ranks. `main` took the join token out of `args`: the
+    ranks read it from ECHO2_TOKEN, which they inherit, and no `ps` shows it."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [*argv, "-m", "echo2cli", *args]
 
 
 def _step_printer(steps: int) -> Callable[[dict[str, Any]], None]:
@@ -145,8 +151,10 @@ def _step_printer(steps: int) -> Callable[[dict[str, Any]], None]:
 
 
 def _print_decision(d: dict[str, Any]) -> None:
-    active, standby = ", ".join(d["active"]) or "-", ", ".join(d["standby"]) or "-"
-    console.print(f"activation: {active} active, {standby} on standby ({d['decision']}; {d['reason']})", soft_wrap=True)
+    """A cost-aware activation decision in one line; the names (and the reason, which quotes them) are workers'."""
+    active, standby = ", ".join(map(shown, d["active"])) or "-", ", ".join(map(shown, d["standby"])) or "-"
+    why = f"{shown(d['decision'], DETAIL_LEN)}; {shown(d['reason'], DETAIL_LEN)}"
+    console.print(f"activation: {active} active, {standby} on standby ({why})", soft_wrap=True)
 
 
 def stop_on_signal(request_stop: Callable[[], None]) -> None:
@@ -296,7 +304,7 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
     workers = Table("worker", "$/h", "rollouts/s", "$ per 1k rollouts", "state", title="cost-aware activation")
     for w in sorted(pool, key=lambda w: w.rho):
         state = "[green]active[/]" if w.name in active else "standby"
-        workers.add_row(w.name, f"{w.usd_per_hour:.3f}", f"{w.rollouts_per_s:.2f}", f"{w.rho * 1000:.4f}", state)
+        workers.add_row(shown(w.name), f"{w.usd_per_hour:.3f}", f"{w.rollouts_per_s:.2f}", f"{w.rho * 1000:.4f}", state)
     con.print(workers)
     table = Table("choice", "mu_pool", "step s", "bubble", "$ / step", "$ / 1k rollouts", title="predicted")
     rows = {"cost-aware (recommended)": out["recommended"]}
@@ -456,14 +464,42 @@ def bench_staleness(
     Console().print(table)
 
 
+def token_to_env(argv: list[str], env: MutableMapping[str, str]) -> list[str]:
+    """`argv` without `--token VALUE` or `--token=VALUE`; the value (the last given, as click takes it) goes to
+    `env["ECHO2_TOKEN"]`, replacing one there (a flag wins over the environment). Every command that takes --token
+    reads ECHO2_TOKEN, so it works as before; and no torchrun rank's command line (`ps`), W&B run metadata (it
+    records sys.argv) or other child process sees the secret. Nothing after `--` is an option; a --token without a
+    value is left for click to report."""
+    kept: list[str] = []
+    token, i = None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            kept += argv[i:]
+            break
+        if arg == "--token" and i + 1 < len(argv):
+            token, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--token="):
+            token = arg.removeprefix("--token=")
+        else:
+            kept.append(arg)
+        i += 1
+    if token is not None:
+        env["ECHO2_TOKEN"] = token
+    return kept
+
+
 def main() -> None:
+    sys.argv[:] = token_to_env(sys.argv, os.environ)
+    sys.orig_argv[:] = token_to_env(sys.orig_argv, {})  # what Python was started with: some tools read it too
     code: int | str | None = 0
     try:
         app()
     except SystemExit as exc:
         code = exc.code
     except Echo2Error as exc:
-        console.print(f"[red]echo2: error:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]echo2: error:[/] {shown(exc, 2 * DETAIL_LEN)}", highlight=False, soft_wrap=True)
         code = 2
     except KeyboardInterrupt:
         console.print("echo2: interrupted")

@@ -29,6 +29,7 @@ from echo2cli.layout import CHECKPOINTS_DIR, LEARNER_FILE, VERSIONS_DIR
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
 from echo2cli.status import fmt, render
+from echo2cli.textsafe import DETAIL_LEN, shown
 from echo2cli.worker.client import LearnerClient
 
 RUN_FILES = ("metrics.jsonl", LEARNER_FILE, "summary.json", "demo_summary.json", "config.json")
@@ -91,7 +92,7 @@ def summary_table(s: dict[str, Any]) -> Table:
     table.add_row("learner bubble ratio", f"{s['bubble_ratio']:.3f}")
     table.add_row("learner upload ÷ model size (median)", fmt(s["upload_ratio_median"]))
     table.add_row("max staleness trained", str(s["staleness_max"]))
-    table.add_row("cost-aware activation (last decision)", s["activation"])
+    table.add_row("cost-aware activation (last decision)", shown(s["activation"], DETAIL_LEN))  # workers' names
     table.add_row("metrics", s["metrics"])
     return table
 

@@ -29,6 +29,10 @@ DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj"  # attention only: 1.4 % of the 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILE = "adapter_model.safetensors"
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+PEFT_PREFIX = "base_model.model."  # PEFT's names: PEFT_PREFIX + <layer> + .lora_A.weight
+BF16_BYTES = 2  # the learner publishes adapters in bf16 (learner/publisher.py)
+HEADER_BYTES = 4096  # a safetensors header's length field, `__metadata__` and padding, with room to spare
+HEADER_BYTES_PER_TENSOR = 128  # a tensor's header entry besides its name: dtype, shape, offsets (~90 characters)
 
 
 def lora_spec(rank: int, alpha: int, targets: str) -> LoraSpec | None:
@@ -109,26 +113,51 @@ def merge(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], spec:
     return merged
 
 
-def check_adapter(adapter_file: Path, base_file: Path, spec: LoraSpec) -> None:
-    """ValueError unless every tensor in `adapter_file` is the A or B of a layer of the base in `base_file`, of the
-    spec's rank and that layer's shape, each with its pair. vLLM copies adapter tensors into buffers sized for the
-    base without checking them (a 16 x 7 lora_A loads and generates), so a worker checks the file first: only the
-    files' headers are read."""
+def targeted(layer: str, spec: LoraSpec) -> bool:
+    """`layer` (`model.layers.0.self_attn.q_proj.weight`) is one PEFT gives an adapter: its module's own name is one
+    of the spec's targets."""
+    return layer.removesuffix(".weight").rpartition(".")[2] in spec.targets
+
+
+def max_adapter_bytes(base_shapes: dict[str, tuple[int, ...]], spec: LoraSpec) -> int:
+    """The largest adapter file `check_adapter` accepts on a base with these tensor shapes: for each targeted 2-D
+    layer W (out x in), lora_A (r x in) and lora_B (out x r) in bf16, r (in + out) 2 bytes, and their two header
+    entries. A worker refuses an adapter version announced larger before fetching a byte of it."""
+    total = HEADER_BYTES
+    for layer, shape in base_shapes.items():
+        if len(shape) == 2 and targeted(layer, spec):
+            out, inp = shape
+            name_len = len(PEFT_PREFIX) + len(layer.removesuffix(".weight")) + len(".lora_A.weight")  # = lora_B's
+            total += spec.rank * (inp + out) * BF16_BYTES + 2 * (name_len + HEADER_BYTES_PER_TENSOR)
+    return total
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor in safetensors file `path`, from its header alone; ValueError if it has none."""
     from safetensors import safe_open
 
     try:
-        with safe_open(str(base_file), "pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        with safe_open(str(adapter_file), "pt") as f:
-            adapter = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as exc:  # safetensors raises its own error types on a malformed header
         raise ValueError(f"not a safetensors file ({exc})") from exc
+
+
+def check_adapter(adapter_file: Path, base_file: Path, spec: LoraSpec) -> None:
+    """ValueError unless every tensor in `adapter_file` is the A or B of a layer of the base in `base_file` that the
+    spec targets, of the spec's rank and that layer's shape, each with its pair. vLLM copies adapter tensors into
+    buffers sized for the base without checking them (a 16 x 7 lora_A loads and generates), so a worker checks the
+    file first: only the files' headers are read."""
+    shapes = tensor_shapes(base_file)
+    adapter = tensor_shapes(adapter_file)
     pairs: dict[str, set[str]] = {}
     for key, shape in adapter.items():
         named = base_name(key)
         layer = shapes.get(named[0]) if named else None
         if named is None or layer is None or len(layer) != 2:
             raise ValueError(f"tensor {key[:120]} adapts no layer of the base")
+        if not targeted(named[0], spec):
+            raise ValueError(f"tensor {key[:120]} adapts a layer the run does not target ({', '.join(spec.targets)})")
         want = (spec.rank, layer[1]) if named[1] == "A" else (layer[0], spec.rank)
         if shape != want:
             raise ValueError(f"tensor {key[:120]} is {list(shape)}, not {list(want)}")

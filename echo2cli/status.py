@@ -22,6 +22,7 @@ from rich.table import Table
 from echo2cli.errors import ConfigError, Echo2Error
 from echo2cli.metrics import read_metrics
 from echo2cli.protocol import Status
+from echo2cli.textsafe import DETAIL_LEN, shown
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -38,11 +39,19 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
 
 
 def fmt(x: Any, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
+    """A number as `spec` says; '-' for None, and anything else (a learner's metric may be a string, or a float
+    where an int was meant) as safe text."""
+    if x is None:
+        return "-"
+    try:
+        return format(x, spec) if isinstance(x, int | float) else shown(x)
+    except ValueError:  # a spec for another type of number ('d' of a float)
+        return shown(x)
 
 
 def _rejected(rejected: dict[str, int]) -> str:
-    return ", ".join(f"{reason} {n}" for reason, n in sorted(rejected.items())) or "none"
+    """Rejected samples by reason; the reasons are the learner's words."""
+    return ", ".join(f"{shown(reason)} {n}" for reason, n in sorted(rejected.items())) or "none"
 
 
 def render(status: Status | None, phase: str = "") -> Group:
@@ -73,7 +82,13 @@ def render(status: Status | None, phase: str = "") -> Group:
         dl = "-" if w.downloading_version is None else f"v{w.downloading_version} {w.download_progress:.0%}"
         state = ("standby" if w.standby else "active") if w.active else "[red]gone[/]"
         workers.add_row(
-            w.name, f"v{w.version_loaded}", dl, f"{w.tokens_per_s:.0f}", str(w.rollouts), str(w.leased_prompts), state
+            shown(w.name),
+            f"v{w.version_loaded}",
+            dl,
+            f"{w.tokens_per_s:.0f}",
+            str(w.rollouts),
+            str(w.leased_prompts),
+            state,
         )
     return Group(head, workers)
 
@@ -89,7 +104,7 @@ def watch(client: Any, console: Console, interval_s: float) -> Status | None:
                     last = client.status()
                     live.update(render(last, "[dim]live[/]"))
                 except Echo2Error as exc:
-                    live.update(render(last, f"[yellow]unreachable, retrying: {exc}[/]"))
+                    live.update(render(last, f"[yellow]unreachable, retrying: {shown(exc, DETAIL_LEN)}[/]"))
                 time.sleep(interval_s)
         except KeyboardInterrupt:
             pass
@@ -139,7 +154,7 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_table(s: dict[str, Any]) -> Table:
-    table = Table("measure", "value", title=f"run {s['run_dir']}")
+    table = Table("measure", "value", title=f"run {shown(s['run_dir'], DETAIL_LEN)}")
     table.add_row("steps recorded", f"{s['steps']} (last step {s['last_step']}, version {s['version']})")
     table.add_row("wall time", f"{fmt(s['wall_s'], '.0f')} s")
     table.add_row(
@@ -153,7 +168,7 @@ def run_table(s: dict[str, Any]) -> Table:
     table.add_row("max staleness trained", fmt(s["staleness_max"], "d"))
     table.add_row("samples not trained", _rejected(s["rejected"]))
     for key, value in s["eval"].items():
-        table.add_row(key, f"{value:.3f}")
+        table.add_row(shown(key), f"{value:.3f}")
     return table
 
 

@@ -1,14 +1,33 @@
 """LoRA versions: the trainer trains adapters on a frozen base, exports them and the base, checkpoints them; the
 merge a tool uses for full weights equals PEFT's. A tiny randomly initialised Llama (test_trainer.py)."""
 
+import os
+
 import pytest
 import torch
 from test_trainer import logp_of, make_trainer, tiny_model_dir  # noqa: F401  (a fixture)
+from test_worker import joined_worker, lora_learner, publish  # noqa: F401  (a fixture)
+from worker_fakes import LORA_LAYERS, FakeNode, lora_adapter
 
 from echo2cli.config import LearnerConfig
+from echo2cli.errors import BroadcastError
+from echo2cli.layout import VersionKey
+from echo2cli.learner.trainer import write_weights
 from echo2cli.learner.types import Group
-from echo2cli.lora import adapter_dir, lora_spec, merge, merged_weights, vllm_rank
+from echo2cli.lora import (
+    HEADER_BYTES,
+    HEADER_BYTES_PER_TENSOR,
+    adapter_dir,
+    check_adapter,
+    lora_spec,
+    max_adapter_bytes,
+    merge,
+    merged_weights,
+    vllm_rank,
+)
 from echo2cli.protocol import LoraSpec, Sample
+from echo2cli.worker.loop import Stats
+from echo2cli.worker.versions import Pending, Via
 
 SPEC = LoraSpec(rank=4, alpha=8, targets=["q_proj", "v_proj"])
 
@@ -122,3 +141,55 @@ def test_lora_options():
         LearnerConfig(lora_rank=16, lora_targets=" , ")
     with pytest.raises(ValueError):
         LoraSpec(rank=4, alpha=8, targets=["../x"])  # a learner names layers, not paths
+
+
+def test_the_adapter_size_bound_is_the_trainers_adapters_plus_the_header_allowance(tiny_model_dir, tmp_path):  # noqa: F811
+    tr = make_trainer(tiny_model_dir, lora=SPEC)
+    version, base = tr.weights_bf16(), tr.base_weights_bf16()
+    assert version is not None
+    write_weights(version, tmp_path / "adapters.safetensors")  # as the learner publishes them
+    write_weights(base, tmp_path / "base.safetensors")
+    check_adapter(tmp_path / "adapters.safetensors", tmp_path / "base.safetensors", SPEC)
+    bound = max_adapter_bytes({k: tuple(v.shape) for k, v in base.items()}, SPEC)
+    data = sum(t.numel() * t.element_size() for t in version.values())
+    assert bound - data == HEADER_BYTES + sum(len(k) + HEADER_BYTES_PER_TENSOR for k in version)  # r (in + out) 2 B
+    assert (tmp_path / "adapters.safetensors").stat().st_size <= bound
+    assert max_adapter_bytes({k: tuple(v.shape) for k, v in base.items()}, SPEC.model_copy(update={"rank": 8})) > bound
+
+
+def test_an_adapter_version_larger_than_its_spec_allows_is_refused_before_a_byte_is_fetched(tmp_path, lora_learner):  # noqa: F811
+    limit = max_adapter_bytes(LORA_LAYERS, lora_learner.lora)
+    publish(lora_learner, 1, delta=False, adapter=True, content=os.urandom(limit + 1))
+    node = FakeNode(lora_learner.published.root)
+    worker = joined_worker(tmp_path, lora_learner, node)
+    try:
+        with pytest.raises(
+            BroadcastError, match=f"version 1 is {limit + 1} bytes of LoRA adapters; .* at most {limit}"
+        ):
+            worker._start(worker.join_info)  # the engine starts on the base, then version 1 is announced
+        assert node.fetched == [0]
+    finally:
+        worker.stop.set()
+
+
+def test_an_adapter_delta_is_refused_before_a_byte_is_fetched_and_a_rebuilt_one_is_checked(tmp_path, lora_learner):  # noqa: F811
+    publish(lora_learner, 1, delta=False, adapter=True, content=lora_adapter(4))
+    node = FakeNode(lora_learner.published.root)
+    worker = joined_worker(tmp_path, lora_learner, node, lora_load="adapter")
+    worker._start(worker.join_info)
+    try:
+        worker._work_once(Stats())  # version 1's adapters, whole, checked and loaded
+        assert worker.engine.adapters[-1][0] == 1
+        # the same size as version 1's adapters, so a delta against them; vLLM would load this lora_A of 8 x 4
+        publish(lora_learner, 2, delta=True, adapter=True, content=lora_adapter(4, a_shape=(8, 4)))
+        with pytest.raises(BroadcastError, match="version 2 is LoRA adapters announced as a delta"):
+            worker._work_once(Stats())
+        assert 2 not in node.fetched and worker.engine.adapters[-1][0] == 1
+        # had one got through, its rebuilt file would meet the same check as a whole one
+        key = VersionKey(2, delta=True)
+        node.fetch(key, b"", worker.store.root)
+        node.poll()
+        with pytest.raises(BroadcastError, match="the adapters of version 2 do not fit the base model"):
+            worker.store._verify(Pending(lora_learner.published.policies[2], Via.DELTA))
+    finally:
+        worker.stop.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -89,3 +90,57 @@ def test_no_run_and_no_learner_are_one_line_errors(tmp_path):
         )
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+HOSTILE_NAMES = ["x[/]", "[bold]loud", "\x1b[31mred\x1b[0m", "\x1b]0;title\x07", "two\nlines", "\u202eevil", "n" * 128]
+
+
+def hostile_status(**metrics: object) -> Status:
+    """A learner's answer in which workers named themselves (and the learner named its reasons) to break the view."""
+    worker = dict(downloading_version=None, download_progress=0.0, tokens_per_s=1.0, rollouts=1, active=True)
+    return Status(
+        run_id="r",
+        step=1,
+        target_steps=2,
+        version=1,
+        finished=False,
+        workers=[
+            WorkerView(worker_id=str(i), name=name, version_loaded=1, **worker) for i, name in enumerate(HOSTILE_NAMES)
+        ],
+        last_metrics={"rollout/reward_mean": 0.5, **metrics},
+        rejected={"[/]\x1b[2J": 1},
+    )
+
+
+def printed(status: Status) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(status, "live"))
+    return out.getvalue()
+
+
+def test_hostile_worker_names_and_reasons_render_as_literal_text_in_the_view():
+    text = printed(hostile_status())
+    for seen in ("x[/]", "[bold]loud", "\\x1b[31mred\\x1b[0m", "\\x1b]0;title\\x07", "two\\nlines", "\\u202eevil"):
+        assert seen in text
+    assert "n" * 128 in text  # the longest name a worker may give shows whole
+    assert "rejected samples: [/]\\x1b[2J 1" in text
+    assert "\x1b" not in text and "\u202e" not in text and max(map(len, text.splitlines())) <= 200
+
+
+def test_a_metric_of_another_type_than_the_view_expects_is_shown_as_text():
+    text = printed(hostile_status(**{"rollout/reward_mean": "[/]", "rollout/staleness_max": 2.0}))
+    assert "reward [/]" in text and "max staleness 2.0" in text
+
+
+def test_echo2_status_of_a_learner_with_hostile_worker_names_prints_them_not_a_traceback(monkeypatch):
+    class Learner:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def status(self) -> Status:
+            return hostile_status()
+
+    monkeypatch.setattr("echo2cli.worker.client.LearnerClient", Learner)
+    result = runner.invoke(app, ["status", "http://127.0.0.1:9"])
+    assert result.exit_code == 0, result.output
+    assert "x[/]" in result.output and "\\x1b[31mred" in result.output and "\x1b" not in result.output

@@ -1,7 +1,8 @@
 """A worker's version store: the policy versions it fetches, verifies, loads, seeds and prunes.
 
-    start(policy)   check the .torrent against the announcement (trust.py), then fetch the delta if the version
-                    it applies to is the one loaded and verified, else the full version (the fetch slot first)
+    start(policy)   check the .torrent against the announcement (trust.py) and bound an adapter version by the run's
+                    LoRA spec (refusing adapter deltas), then fetch the delta if the version it applies to is the
+                    one loaded and verified, else the full version (the fetch slot first)
     prepare()       once the download is complete, verify it: libtorrent checked every piece, then the whole file's
                     SHA-256 (a delta is rebuilt and checked against the version's SHA-256, then seeded as the full
                     version; LoRA adapters are checked against the base, and merged into it with `merge_adapters`).
@@ -38,9 +39,10 @@ from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import TorrentFile, sha256_file
 from echo2cli.errors import BroadcastError, Echo2Error
 from echo2cli.layout import VersionKey
-from echo2cli.lora import adapter_dir, check_adapter, write_merged
+from echo2cli.lora import adapter_dir, check_adapter, max_adapter_bytes, tensor_shapes, write_merged
 from echo2cli.metrics import MetricsWriter
 from echo2cli.protocol import LoraSpec, PolicyInfo
+from echo2cli.textsafe import DETAIL_LEN, shown
 from echo2cli.worker.trust import check_torrent
 
 FETCH_STALL_S = 60.0  # a download without a byte for this long gives way to the newest version
@@ -84,9 +86,30 @@ def chain_link(
     try:
         link = policy_of(loaded + 1)
     except Echo2Error as exc:
-        log(f"no delta chain from version {loaded} to {newest.version} ({exc}): fetching the full version")
+        why = shown(exc, DETAIL_LEN)  # the learner's words
+        log(f"no delta chain from version {loaded} to {newest.version} ({why}): fetching the full version")
         return newest
     return link if link.delta_base == loaded and link.version == loaded + 1 else newest
+
+
+def bound_adapters(policy: PolicyInfo, base: Path, lora: LoraSpec | None) -> None:
+    """BroadcastError unless an announced adapter version, before a byte of it is fetched, comes whole and no larger
+    than the run's LoraSpec allows on the base (`lora.max_adapter_bytes`). Learners publish adapters whole
+    (learner/publisher.py), so an adapter delta is refused outright rather than rebuilt from a hostile file."""
+    v = policy.version
+    if lora is None:
+        raise BroadcastError(f"version {v} is LoRA adapters, and the learner gave no LoRA spec")
+    if policy.delta_base is not None or policy.delta_torrent_b64 or policy.delta_size_bytes:
+        raise BroadcastError(f"version {v} is LoRA adapters announced as a delta; learners send adapters whole")
+    try:
+        limit = max_adapter_bytes(tensor_shapes(base), lora)
+    except ValueError as exc:
+        raise BroadcastError(f"version {v} is LoRA adapters, and the base (version 0) is unreadable: {exc}") from exc
+    if policy.size_bytes > limit:
+        raise BroadcastError(
+            f"version {v} is {policy.size_bytes} bytes of LoRA adapters; rank {lora.rank} on the base's "
+            f"{', '.join(lora.targets)} layers is at most {limit}: refusing it"
+        )
 
 
 def prepare_adapters(version: int, weights: Path, base: Path, lora: LoraSpec | None, merged: Path | None) -> None:
@@ -146,6 +169,8 @@ class VersionStore:
     def start(self, policy: PolicyInfo) -> None:
         """Fetch `policy`'s version: its delta if we hold the base (loaded and verified), else the full file."""
         with self.lock:
+            if policy.adapter:
+                bound_adapters(policy, self.weights(0), self.lora)
             torrent = TorrentFile.from_b64(policy.torrent_b64)
             check_torrent(policy, torrent.data)  # one file, at our path, of the announced size and info-hash
             fits = policy.slot + policy.slot_width <= policy.slots
@@ -250,30 +275,34 @@ class VersionStore:
 
     def _verify(self, pending: Pending) -> float | bool:
         """The complete file's check, lock-free (it touches files only): a delta's rebuild seconds (apply_delta
-        checks the SHA-256), or whether the full file's SHA-256 is the announced one."""
+        checks the SHA-256), or whether the full file's SHA-256 is the announced one; then, however the file came,
+        an adapter version's check against the base (`prepare_adapters`, which raises)."""
         policy = pending.policy
-        if pending.via is Via.FULL:
-            ok = sha256_file(self.weights(policy.version)) == policy.sha256
-            if ok and policy.adapter:
-                merged = self.merged(policy.version) if self.merge_adapters else None
-                prepare_adapters(policy.version, self.weights(policy.version), self.weights(0), self.lora, merged)
-            return ok
-        assert policy.delta_base is not None
-        t0 = time.perf_counter()
-        apply_delta(
-            self.weights(policy.delta_base),
-            VersionKey(policy.version, delta=True).path(self.root),
-            self.weights(policy.version),
-            expected_sha256=policy.sha256,
-            base_verified=True,
-        )
-        return time.perf_counter() - t0
+        outcome: float | bool = True
+        if pending.via is Via.FULL and sha256_file(self.weights(policy.version)) != policy.sha256:
+            return False
+        if pending.via is Via.DELTA:
+            assert policy.delta_base is not None
+            t0 = time.perf_counter()
+            apply_delta(
+                self.weights(policy.delta_base),
+                VersionKey(policy.version, delta=True).path(self.root),
+                self.weights(policy.version),
+                expected_sha256=policy.sha256,
+                base_verified=True,
+            )
+            outcome = time.perf_counter() - t0
+        if policy.adapter:
+            merged = self.merged(policy.version) if self.merge_adapters else None
+            prepare_adapters(policy.version, self.weights(policy.version), self.weights(0), self.lora, merged)
+        return outcome
 
     def _settle(self, pending: Pending, outcome: BaseException | float | bool) -> None:
         """Act on `_verify`'s outcome, under the lock (the torrent session is touched only under it)."""
         policy = pending.policy
         if isinstance(outcome, BroadcastError) and pending.via is Via.DELTA:
-            self.log(f"delta for version {policy.version} unusable ({outcome}); fetching the full version")
+            why = shown(outcome, DETAIL_LEN)  # may quote the learner's torrent
+            self.log(f"delta for version {policy.version} unusable ({why}); fetching the full version")
             delta = VersionKey(policy.version, delta=True)
             self.node.remove(delta, delete_dir=delta.dir(self.root))
             self.pending = Pending(policy, Via.FULL)
