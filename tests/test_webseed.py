@@ -3,12 +3,18 @@
 The fetch tests run a real uvicorn server with the learner's app and real libtorrent sessions on loopback.
 The worker's node can reach no BitTorrent peer (the torrent's tracker is a closed port and nobody connects to
 it), so every byte it gets comes from the web seed.
+
+The lane tests (webseed.py's "own lane": stream limits, a reader that stops reading, the API beside 60 capped
+streams) use raw sockets against a real uvicorn where a stream must really be held open; they assert no timings.
 """
 
+import builtins
 import hashlib
 import os
+import socket
 import time
 
+import httpx
 import libtorrent as lt
 import pytest
 from conftest import make_coord
@@ -16,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from echo2cli import __version__
 from echo2cli.broadcast import node as node_module
+from echo2cli.broadcast import webseed as webseed_module
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import make_torrent, sha256_file
 from echo2cli.broadcast.webseed import RangeError, WebSeed, parse_range
@@ -81,19 +88,26 @@ def learner_app(clock, tmp_path, web_seed: WebSeed):
     return app, coord
 
 
+def join_worker(http, name: str = "w") -> dict:
+    """The JoinResponse of a new worker (its id, session token and tracker key)."""
+    r = http.post(
+        "/v1/join", json={"name": name, "echo2_version": __version__}, headers={"Authorization": "Bearer s3cret"}
+    )
+    return r.json()
+
+
 def join(http) -> str:
-    info = http.post(
-        "/v1/join", json={"name": "w", "echo2_version": __version__}, headers={"Authorization": "Bearer s3cret"}
-    ).json()
-    return info["tracker_key"]
+    return join_worker(http)["tracker_key"]
 
 
-def serve_files(root, *seeded: VersionKey) -> WebSeed:
+def serve_files(root, *seeded: VersionKey, **limits) -> WebSeed:
+    """A web seed of `seeded` under `root`; `limits`: WebSeed's keywords (rate, stream limits, send timeout)."""
+
     def resolve(dir_name, file_name):
         key = VersionKey.from_relpath(dir_name, file_name)
         return (key, key.path(root)) if key in seeded else None
 
-    return WebSeed(resolve)
+    return WebSeed(resolve, **limits)
 
 
 def test_web_seed_serves_joined_workers_byte_ranges_of_seeded_versions_only(clock, tmp_path, version):
@@ -117,6 +131,7 @@ def test_web_seed_serves_joined_workers_byte_ranges_of_seeded_versions_only(cloc
     r = http.get(f"/webseed/{tracker_key}/v000001/model.safetensors", headers={"Range": f"bytes={SIZE}-"})
     assert r.status_code == 416 and "outside" in r.json()["detail"]
     assert web_seed.sent(key) == 100 + SIZE  # refusals send nothing
+    web_seed.close()
 
 
 @pytest.fixture
@@ -129,12 +144,13 @@ def learner_server(clock, tmp_path):
         sock = bind_socket("127.0.0.1", 0)
         ctx = serving(app, sock)
         ctx.__enter__()
-        with_server.append(ctx)
+        with_server.append((ctx, web_seed))
         return f"http://127.0.0.1:{sock.getsockname()[1]}", join(TestClient(app))
 
     yield start
-    for ctx in with_server:
+    for ctx, web_seed in with_server:
         ctx.__exit__(None, None, None)
+        web_seed.close()
 
 
 def wait_until(pred, *nodes: TorrentNode, deadline_s: float = DEADLINE_S) -> bool:
@@ -227,3 +243,146 @@ def test_a_worker_that_joins_again_asks_the_web_seed_with_its_new_key(version, t
         assert wait_until(lambda: transfer.finished_at is not None, worker)
     finally:
         worker.close()
+
+
+def test_past_its_stream_limit_a_worker_gets_429_and_past_the_total_everyone_does(clock, tmp_path, version):
+    root, key, _ = version
+    web_seed = serve_files(root, key, streams_per_worker=2, max_streams=3)
+    app, _ = learner_app(clock, tmp_path, web_seed)
+    http = TestClient(app)
+    a, b = join(http), join(http)
+    url = "/webseed/{}/v000001/model.safetensors"
+    try:
+        web_seed.slots.acquire(a)  # two of a's streams in flight
+        web_seed.slots.acquire(a)
+        r = http.get(url.format(a), headers={"Range": "bytes=0-9"})
+        assert r.status_code == 429 and r.json()["detail"] == (
+            "2 web seed streams already open for this worker: ask again later"
+        )
+        assert http.get(url.format(b), headers={"Range": "bytes=0-9"}).status_code == 206  # b has room
+        web_seed.slots.acquire(b)  # 3 in all
+        r = http.get(url.format(b), headers={"Range": "bytes=0-9"})
+        assert r.status_code == 429 and r.json()["detail"] == "3 web seed streams already open: ask again later"
+        for who in (a, a, b):
+            web_seed.slots.release(who)
+        assert http.get(url.format(a), headers={"Range": "bytes=0-9"}).status_code == 206
+        assert web_seed.open_streams() == 0  # a finished stream gives its slot back
+        assert web_seed.sent(key) == 20  # refusals send nothing
+    finally:
+        web_seed.close()
+
+
+def test_a_file_pruned_right_after_it_was_opened_is_still_served_and_closed(clock, tmp_path, version, monkeypatch):
+    """The learner prunes old versions while a stream may be opening one: the size comes from the open file."""
+    root, key, _ = version
+    data = key.path(root).read_bytes()
+    opened = []
+
+    def open_then_prune(path, mode="r", *args, **kwargs):
+        f = builtins.open(path, mode, *args, **kwargs)
+        opened.append(f)
+        os.unlink(path)
+        return f
+
+    monkeypatch.setattr(webseed_module, "open", open_then_prune, raising=False)
+    web_seed = serve_files(root, key)
+    app, _ = learner_app(clock, tmp_path, web_seed)
+    http = TestClient(app, raise_server_exceptions=False)
+    try:
+        r = http.get(f"/webseed/{join(http)}/v000001/model.safetensors", headers={"Range": "bytes=10-"})
+        assert r.status_code == 206 and r.content == data[10:]
+        assert len(opened) == 1 and opened[0].closed
+        r = http.get(f"/webseed/{join(http)}/v000001/model.safetensors")
+        assert r.status_code == 404  # gone before the open: not seeded now
+        assert web_seed.open_streams() == 0
+    finally:
+        web_seed.close()
+
+
+def raw_get(port: int, path: str) -> socket.socket:
+    """A client that sends one GET and then reads nothing: its receive buffer kept as small as the kernel allows."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: learner\r\n\r\n".encode())
+    return sock
+
+
+def status_line(sock: socket.socket, deadline: float) -> bytes:
+    """The response's status line, or b"" if none came before `deadline` (time.monotonic())."""
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        return sock.recv(64).split(b"\r\n", 1)[0]
+    except TimeoutError:
+        return b""
+
+
+def test_a_reader_that_stops_reading_is_cut_after_the_send_timeout(clock, tmp_path, learner_server, monkeypatch):
+    root, key = tmp_path / "big", VersionKey(1)
+    key.path(root).parent.mkdir(parents=True)
+    size = 32 << 20  # far more than loopback's socket buffers hold
+    key.path(root).write_bytes(os.urandom(size))
+    opened = []
+
+    def recording_open(path, mode="r", *args, **kwargs):
+        opened.append(builtins.open(path, mode, *args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(webseed_module, "open", recording_open, raising=False)
+    web_seed = serve_files(root, key, send_timeout_s=0.5)
+    url, tracker_key = learner_server(web_seed)
+    port = int(url.rsplit(":", 1)[1])
+    reader = raw_get(port, f"/webseed/{tracker_key}/v000001/model.safetensors")
+    try:
+        assert wait_until(lambda: web_seed.open_streams() == 1), "the stream never opened"
+        assert wait_until(lambda: web_seed.open_streams() == 0), "the stalled stream was never cut"
+        assert len(opened) == 1 and opened[0].closed
+        received, reader_deadline = 0, time.monotonic() + DEADLINE_S
+        reader.settimeout(DEADLINE_S)
+        while chunk := reader.recv(1 << 20):  # what was buffered, then the end: the server closed it
+            received += len(chunk)
+            assert time.monotonic() < reader_deadline
+        assert 0 < received < size
+    finally:
+        reader.close()
+
+
+def test_heartbeats_and_leases_go_through_while_60_capped_web_seed_streams_are_open(clock, tmp_path, version):
+    """The web seed is paced by its byte-rate cap. Paced in the API's handler threads (40), 60 open streams
+    left no thread for a heartbeat; in its own lane they take none."""
+    root, key, _ = version
+    web_seed = serve_files(root, key, rate_bytes_s=1024)  # 1 KiB/s: every stream waits its turn for hours
+    app, _ = learner_app(clock, tmp_path, web_seed)
+    http = TestClient(app)
+    streaming = [join_worker(http, f"s{i}")["tracker_key"] for i in range(15)]  # 4 streams each
+    other = join_worker(http, "other")
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    readers: list[socket.socket] = []
+    try:
+        with serving(app, sock), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=DEADLINE_S / 4) as api:
+            readers = [
+                raw_get(port, f"/webseed/{tracker_key}/v000001/model.safetensors")
+                for tracker_key in streaming
+                for _ in range(4)
+            ]
+            deadline = time.monotonic() + DEADLINE_S / 4
+            answers = [status_line(r, deadline) for r in readers]
+
+            auth = {"Authorization": f"Bearer {other['session_token']}"}
+            hb = api.post("/v1/heartbeat", json={"worker_id": other["worker_id"], "version_loaded": 0}, headers=auth)
+            assert hb.status_code == 200
+            lease = api.post("/v1/lease", json={"worker_id": other["worker_id"], "version": 0}, headers=auth)
+            assert lease.status_code == 200
+
+            assert answers == [b"HTTP/1.1 200 OK"] * 60
+            assert web_seed.open_streams() == 60
+            fifth = api.get(f"/webseed/{streaming[0]}/v000001/model.safetensors")
+            assert fifth.status_code == 429
+            for r in readers:
+                r.close()
+            assert wait_until(lambda: web_seed.open_streams() == 0), "streams outlived their clients"
+    finally:
+        for r in readers:
+            r.close()
+        web_seed.close()

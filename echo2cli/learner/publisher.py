@@ -97,6 +97,7 @@ class Publisher:
             pass
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        self.web_seed.close()
 
     def _write_and_announce(self, version: int, tensors: dict[str, torch.Tensor], t0: float) -> PolicyInfo:
         full = VersionKey(version)

@@ -27,11 +27,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
-from echo2cli.broadcast.webseed import RangeError, WebSeed
+from echo2cli.broadcast.webseed import BusyError, RangeError, WebSeed
 from echo2cli.errors import ConfigError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.credentials import same_secret
@@ -274,17 +274,22 @@ def _web_seed_routes(coord: Coordinator, web_seed: WebSeed) -> APIRouter:
     router = APIRouter()
 
     @router.get("/webseed/{key}/{dir_name}/{file_name}")
-    def serve(key: str, dir_name: str, file_name: str, range: str | None = Header(default=None)) -> Response:  # noqa: A002
-        """BEP 19 for joined workers: byte ranges of the versions the learner seeds (broadcast/webseed.py)."""
-        if not coord.tracker_key_ok(key):
+    async def serve(key: str, dir_name: str, file_name: str, range: str | None = Header(default=None)) -> Response:  # noqa: A002
+        """BEP 19 for joined workers: byte ranges of the versions the learner seeds (broadcast/webseed.py).
+
+        `async`, and the coordinator's lock taken on the web seed's own threads: a stream, slow by design, must
+        never hold one of the threads the API's sync handlers (heartbeat, lease, ...) run on."""
+        if not await web_seed.in_lane(coord.tracker_key_ok, key):
             raise HTTPException(401, "not a joined peer: join the learner first")
         try:
-            reply = web_seed.reply(dir_name, file_name, range)
+            stream = await web_seed.stream(key, dir_name, file_name, range)
+        except BusyError as exc:
+            raise HTTPException(429, str(exc)) from None
         except RangeError as exc:
             raise HTTPException(416, str(exc)) from None
-        if reply is None:
+        if stream is None:
             raise HTTPException(404, f"{dir_name}/{file_name} is not a version this learner seeds now")
-        return StreamingResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        return stream
 
     return router
 
@@ -301,6 +306,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# Open connections (and requests in flight) uvicorn serves at once; past it, it answers 503, which a worker's client
+# retries, instead of failing accept() once fds run out. ~1,000 workers with an API connection and a web seed or
+# tracker connection each; never more than half the fds, the rest being libtorrent's peers and the files it seeds.
+MAX_CONNECTIONS = 2048
+# A peer that has taken no byte for this long is gone or hostile: the kernel drops the connection (TCP_USER_TIMEOUT,
+# Linux). Without it a web seed reader that never reads keeps its socket (and a connection) after its stream is cut
+# (webseed.SEND_TIMEOUT_S), since closing waits for the unsent bytes. Twice the longest request timeout of a worker.
+STALLED_PEER_S = 60
+
+
+def raise_fd_limit() -> int:
+    """Raises the soft RLIMIT_NOFILE to the hard limit (every connection, seeded file and peer is an fd, and the
+    usual soft limit of 1024 ran out first); returns the soft limit in force. Unprivileged and process-wide."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: leave it
+        return 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 16  # macOS: an "unlimited" hard limit setrlimit refuses
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 16
+
+
 def serve_in_thread(
     app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None
 ) -> tuple[Any, threading.Thread]:
@@ -308,8 +339,17 @@ def serve_in_thread(
     import uvicorn
 
     cert, key = tls or (None, None)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # accepted connections inherit it from the listening socket
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, STALLED_PEER_S * 1000)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, timeout_keep_alive=30, ssl_certfile=cert, ssl_keyfile=key
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        limit_concurrency=min(MAX_CONNECTIONS, raise_fd_limit() // 2),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
