@@ -504,6 +504,12 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("echo2: interrupted")
         code = 130
+    except Exception:
+        if "torch.distributed" in sys.modules:
+            from echo2cli.learner.sharded import exit_failed_rank
+
+            exit_failed_rank()  # a rank of a sharded learner ends now: the others may be in a collective (see there)
+        raise
     if "torch.distributed" in sys.modules:  # no need to import torch where nothing did
         from echo2cli.learner.sharded import leave, under_torchrun
 

@@ -54,7 +54,7 @@ from echo2cli.learner.records import (
     usd_per_hour,
 )
 from echo2cli.learner.server import bind_socket, build_app, serving
-from echo2cli.learner.sharded import ShardedTrainer, under_torchrun
+from echo2cli.learner.sharded import ShardedTrainer, closed_on_success, under_torchrun
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.loggers import Reporters, parse_report_to
@@ -209,7 +209,8 @@ class Learner:
             )
         )
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
-        self._closing.callback(self.trainer.close)  # a sharded trainer's other ranks stop with this one
+        # a sharded trainer's other ranks stop with this one: told STOP after a clean finish, never after an error
+        self._closing.enter_context(closed_on_success(self.trainer))
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
@@ -333,6 +334,8 @@ class Learner:
             if groups is not None:
                 return groups
             self._tick(step)
+            if isinstance(self.trainer, ShardedTrainer):
+                self.trainer.keep_alive()  # the other ranks wait for the next step in a collective that times out
         return None
 
     def _publish(self, version: int) -> float:

@@ -14,12 +14,33 @@ micro-batches than another makes zero-weighted passes to keep step.
 
 Checkpoints: `torch.distributed.checkpoint` (each rank writes its shards to `dcp/`) plus rank 0's
 HF export of the full fp32 weights, so `echo2 eval` reads a sharded run's checkpoint as any other.
+
+How the ranks end:
+1. A clean finish: rank 0 says STOP (`close`), each rank leaves its process group and the process (`leave`).
+2. A failure on any rank (an exception in a step, a checkpoint, `follow`): that rank sends nothing more and its
+   process exits at once with code 1 (`exit_failed_rank`, called by `cli.main`). The other ranks may be inside a
+   collective of the call it left (an FSDP all-gather, the gradient norm's all-reduce): a STOP, or anything else,
+   would not line up with it and every rank would wait for the process-group timeout. torchrun's agent (2.13)
+   polls its ranks every 0.1 s; when one has exited non-zero it sends SIGTERM to the others (rank 0 takes it as a
+   stop request, the others ignore it), waits up to 30 s and sends SIGKILL. Sooner than that, gloo fails a
+   collective whose peer has gone ("Connection closed by peer"), so the others fail and exit in turn (measured on 2
+   CPU ranks, tests/integration/test_sharded_failure.py: every rank gone within 0.3 s of the failure). A backend
+   that does not notice (NCCL may not) leaves it to torchrun's SIGKILL.
+3. Idle time: a rank > 0 waits for rank 0's next call in a collective, which fails after DIST_TIMEOUT_S (2 h).
+   While rank 0 waits for rollouts (no workers yet, say) it makes a no-op call every KEEPALIVE_S (5 min;
+   `keep_alive`, from the training thread like every other call, so every rank still makes the same collectives in
+   the same order). ECHO2_DIST_TIMEOUT_S overrides the timeout (the tests make it seconds); the keepalive then comes
+   every quarter of it, if sooner.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,11 +48,21 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from echo2cli.errors import ConfigError
 from echo2cli.learner.batching import balance
 from echo2cli.learner.trainer import Trainer
 
 DCP_DIR = "dcp"  # in a checkpoint: the sharded weights and optimizer state
 STOP = "stop"
+KEEPALIVE = "keep_alive"
+
+# The longest a rank waits in one collective. For a rank > 0 that includes the wait for rank 0's next call, so it
+# must outlast the longest time rank 0 is busy between calls (a step, a publish, a checkpoint, the final evaluation).
+DIST_TIMEOUT_S = 2 * 3600.0
+# An idle rank 0 makes a no-op call this often (or every quarter of the timeout, if sooner): the others' wait starts
+# again long before it times out, for a few pickled bytes.
+KEEPALIVE_S = 300.0
+TIMEOUT_ENV = "ECHO2_DIST_TIMEOUT_S"  # overrides DIST_TIMEOUT_S (the tests make it seconds)
 
 
 def world() -> tuple[int, int]:
@@ -73,6 +104,41 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
+def dist_timeout_s() -> float:
+    """DIST_TIMEOUT_S, or the seconds in ECHO2_DIST_TIMEOUT_S."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DIST_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: give the process-group timeout in seconds (> 0), or unset it")
+    return seconds
+
+
+def exit_failed_rank() -> None:
+    """Under torchrun, while handling an exception: print it and end this rank now, with code 1, without a
+    collective and without interpreter finalization (module docstring, 2). In a plain process: nothing (the caller
+    re-raises)."""
+    import sys
+
+    exc_type, exc, tb = sys.exc_info()
+    if not under_torchrun() or exc_type is None or exc is None:
+        return
+    sys.excepthook(exc_type, exc, tb)  # as if uncaught: the same traceback, through typer's hook under `echo2`
+    leave(1)
+
+
+@contextlib.contextmanager
+def closed_on_success(trainer: Trainer) -> Iterator[Trainer]:
+    """`trainer.close()` when the block ends without an exception, and only then: a sharded trainer's rank 0 then
+    tells the other ranks STOP, which after an exception would not line up with the collective they may be in."""
+    yield trainer
+    trainer.close()
+
+
 def init_process_group() -> torch.device:
     """NCCL on CUDA (one GPU per local rank), gloo on CPU; returns this rank's device."""
     die_with_parent()
@@ -83,8 +149,7 @@ def init_process_group() -> torch.device:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        # A rank waits for rank 0's next call as long as a step and a publish may take.
-        dist.init_process_group(backend, timeout=timedelta(hours=2))
+        dist.init_process_group(backend, timeout=timedelta(seconds=dist_timeout_s()))
     return device
 
 
@@ -107,15 +172,26 @@ class ShardedTrainer(Trainer):
         # the optimizer on the sharded parameters: each rank keeps AdamW state for its shards only
         lr = self.opt.param_groups[0]["lr"]
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.keepalive_s = min(KEEPALIVE_S, dist_timeout_s() / 4)
+        self._told_at = time.monotonic()
 
     # -- rank 0 calls, every other rank follows -------------------------------------------------------
 
     def _tell(self, call: str, *args: Any) -> None:
         if self.rank == 0:
             dist.broadcast_object_list([call, args], src=0)
+            self._told_at = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Rank 0, while idle: a no-op call if the last call was `keepalive_s` ago, so the other ranks' wait for the
+        next one does not reach the process-group timeout. Cheap enough to call on every poll."""
+        if time.monotonic() - self._told_at >= self.keepalive_s:
+            self._tell(KEEPALIVE)
 
     def follow(self) -> None:
-        """On ranks > 0: make each call rank 0 makes, until it says stop (or its process group fails)."""
+        """On ranks > 0: make each call rank 0 makes, until it says stop. An exception (this rank's own, or a
+        collective failing because another rank has gone) propagates: the process should then end at once
+        (`exit_failed_rank`)."""
         while True:
             message: list[Any] = [None, None]
             dist.broadcast_object_list(message, src=0)
@@ -123,11 +199,12 @@ class ShardedTrainer(Trainer):
             if call == STOP:
                 self.close()
                 return
-            getattr(Trainer, call)(self, *args)
+            if call != KEEPALIVE:
+                getattr(Trainer, call)(self, *args)
 
     def close(self) -> None:
-        """Rank 0 releases the other ranks (they return from `follow`); every rank then leaves its process group.
-        The process should end with `leave` (see there)."""
+        """At a clean finish only (`closed_on_success`): rank 0 releases the other ranks (they return from
+        `follow`); every rank then leaves its process group. The process should end with `leave` (see there)."""
         if not dist.is_initialized():
             return
         if self.rank == 0:
