@@ -7,6 +7,11 @@ worker. Sizes are bounded here so a malformed or hostile body fails validation, 
 Bounds go both ways: a worker may have joined someone else's learner, or a plain-http link may be
 tampered with, so what the learner sends (file names, sizes, counts, hashes) is bounded and checked
 here too: a hostile JoinResponse cannot name a file outside the worker's engine directory.
+
+Every number has a physical bound (the MAX_* below) and no float may be inf or NaN: a field with only `ge=0`
+accepted 10**309, which overflowed the learner's rate arithmetic (a 500 for every worker's next call). The
+bounds sit far above anything real and far below what breaks a float. The one exception is a sample's
+log-probs, which admission checks itself so that a bad one rejects its group, not the whole batch.
 """
 
 from __future__ import annotations
@@ -31,27 +36,47 @@ MAX_TORRENT_B64 = 16 << 20  # a .torrent of a 64 GB version with 4 MiB pieces is
 MAX_VERSION_BYTES = 1 << 40
 MAX_COMPLETION_TOKENS = 65536
 MAX_PROMPT_TOKENS = 1 << 17
+MAX_BYTES = 1 << 50  # 1 PiB: any byte counter of any run
+MAX_VERSION = 1 << 31  # optimizer steps
+MAX_PROMPT_ID = 1 << 62
+MAX_COUNT = 1 << 62  # samples, rollouts, prompts counted over a run
+MAX_TOKENS_PER_S = 1e9  # one worker's generation rate
+MAX_SECONDS = 1e7  # about 116 days: any duration a message reports
+MAX_EPOCH_S = 1e11  # a wall clock reading (s since 1970), until the year 5138
+MAX_USD_PER_HOUR = 1e4
+MAX_TEXT = 1024  # details and reasons
+MAX_SHARES = 1 << 20  # first-copy shares of a version (the learner cuts about 64 plus one per worker)
 Hex40 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
 Hex64 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Token = Annotated[str, StringConstraints(max_length=256)]
+Id = Annotated[str, StringConstraints(max_length=64)]  # worker and lease ids
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]  # admission checks the model's own vocabulary
+PromptId = Annotated[int, Field(ge=0, le=MAX_PROMPT_ID)]
+Version = Annotated[int, Field(ge=0, le=MAX_VERSION)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Reason = Annotated[str, StringConstraints(max_length=64)]
 
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PolicyInfo(_Msg):
     """One immutable published policy version."""
 
-    version: int = Field(ge=0, description="optimizer steps applied to the initial model")
+    version: int = Field(ge=0, le=MAX_VERSION, description="optimizer steps applied to the initial model")
     info_hash: Hex40 = Field(description="hex v1 info-hash of the version's torrent")
     torrent_b64: str = Field(
         max_length=MAX_TORRENT_B64, description="the .torrent file, base64; its tracker is the learner's /announce"
     )
     sha256: Hex64 = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
     size_bytes: int = Field(ge=0, le=MAX_VERSION_BYTES)
-    published_at: float = Field(description="learner wall clock (s since epoch) when seeding began")
-    delta_base: int | None = Field(default=None, ge=0, description="version the delta applies to (None: no delta)")
+    published_at: float = Field(
+        ge=0.0, le=MAX_EPOCH_S, description="learner wall clock (s since epoch) when seeding began"
+    )
+    delta_base: int | None = Field(
+        default=None, ge=0, le=MAX_VERSION, description="version the delta applies to (None: no delta)"
+    )
     delta_info_hash: Hex40 | None = None
     delta_torrent_b64: str | None = Field(
         default=None, max_length=MAX_TORRENT_B64, description="torrent of model.delta (see broadcast/delta)"
@@ -61,9 +86,11 @@ class PolicyInfo(_Msg):
         default=False,
         description="the file is a LoRA adapter (JoinResponse.lora) on version 0's full weights, the frozen base",
     )
-    slot: int = Field(default=0, ge=0, description="this worker's share of the pieces to fetch first ...")
-    slots: int = Field(default=1, ge=1, description="... out of this many shares ...")
-    slot_width: int = Field(default=1, ge=1, description="... and the shares after it, this many in all")
+    slot: int = Field(
+        default=0, ge=0, le=MAX_SHARES, description="this worker's share of the pieces to fetch first ..."
+    )
+    slots: int = Field(default=1, ge=1, le=MAX_SHARES, description="... out of this many shares ...")
+    slot_width: int = Field(default=1, ge=1, le=MAX_SHARES, description="... and the shares after it, this many in all")
 
 
 class LoraSpec(_Msg):
@@ -79,7 +106,9 @@ class LoraSpec(_Msg):
 
 class JoinRequest(_Msg):
     name: str = Field(max_length=128, description="human-readable worker name")
-    usd_per_hour: float = Field(default=0.0, ge=0.0, description="price of this worker, for cost reports")
+    usd_per_hour: float = Field(
+        default=0.0, ge=0.0, le=MAX_USD_PER_HOUR, description="price of this worker, for cost reports"
+    )
     echo2_version: str = Field(
         default="",
         max_length=32,
@@ -143,14 +172,14 @@ class JoinResponse(_Msg):
 
 
 class LeaseRequest(_Msg):
-    worker_id: str
-    version: int = Field(ge=0, description="policy version the worker will generate with")
+    worker_id: Id
+    version: int = Field(ge=0, le=MAX_VERSION, description="policy version the worker will generate with")
     max_prompts: int = Field(default=8, ge=1, le=256)
 
 
 class PromptItem(_Msg):
-    prompt_id: int
-    prompt_token_ids: list[int] = Field(
+    prompt_id: PromptId
+    prompt_token_ids: list[TokenId] = Field(
         max_length=MAX_PROMPT_TOKENS, description="chat-templated prompt, tokenized by the learner"
     )
     episode: str | None = Field(
@@ -168,20 +197,21 @@ class Lease(_Msg):
 class LeaseResponse(_Msg):
     status: Literal["ok", "wait", "update", "standby", "finished"]
     lease: Lease | None = None
-    latest_version: int
-    detail: str = ""
+    latest_version: Version
+    detail: str = Field(default="", max_length=MAX_TEXT)
 
 
 class Sample(_Msg):
-    prompt_id: int
-    sample_idx: int = Field(ge=0, description="index within the prompt's group of G")
+    prompt_id: PromptId
+    sample_idx: int = Field(ge=0, le=1024, description="index within the prompt's group of G")
     # the run's own cap (max_new_tokens) is checked at admission; this bounds what any run may ask for
-    completion_token_ids: list[int] = Field(max_length=MAX_COMPLETION_TOKENS)
-    logprobs: list[float] = Field(
-        max_length=MAX_COMPLETION_TOKENS, description="behaviour log-prob of each completion token"
+    completion_token_ids: list[TokenId] = Field(max_length=MAX_COMPLETION_TOKENS)
+    logprobs: list[Annotated[float, Field(allow_inf_nan=True)]] = Field(
+        max_length=MAX_COMPLETION_TOKENS,
+        description="behaviour log-prob of each completion token (admission rejects a group with one not finite)",
     )
-    finish_reason: str = ""
-    policy_mask: list[int] | None = Field(
+    finish_reason: str = Field(default="", max_length=64)
+    policy_mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(
         default=None,
         max_length=MAX_COMPLETION_TOKENS,
         description="multi-turn transcripts: 1 where the policy sampled the token, 0 for environment tokens",
@@ -189,11 +219,11 @@ class Sample(_Msg):
 
 
 class RolloutBatch(_Msg):
-    worker_id: str
-    lease_id: str
-    version: int = Field(ge=0, description="policy version that generated every sample in the batch")
+    worker_id: Id
+    lease_id: Id
+    version: int = Field(ge=0, le=MAX_VERSION, description="policy version that generated every sample in the batch")
     samples: list[Sample] = Field(max_length=65536)
-    unservable: list[int] = Field(
+    unservable: list[PromptId] = Field(
         default_factory=list,
         max_length=256,
         description="leased prompts the worker's engine cannot take (longer than its "
@@ -206,65 +236,72 @@ class SubmitResult(_Msg):
     versions old), duplicate (already admitted), late (the lease expired and the prompt was leased again),
     not_leased, version_mismatch, invalid_samples (schema-valid but wrong: lengths, token ids, log-probs)."""
 
-    accepted: int = 0
-    stale: int = 0
-    duplicate: int = 0  # duplicate + late
-    invalid: int = 0  # not_leased + version_mismatch + invalid_samples
-    rejected: dict[str, int] = Field(default_factory=dict)
-    detail: str = ""
+    accepted: Count = 0
+    stale: Count = 0
+    duplicate: Count = 0  # duplicate + late
+    invalid: Count = 0  # not_leased + version_mismatch + invalid_samples
+    rejected: dict[Reason, Count] = Field(default_factory=dict, max_length=64)
+    detail: str = Field(default="", max_length=MAX_TEXT)
 
 
 class Heartbeat(_Msg):
-    worker_id: str
-    version_loaded: int = Field(ge=-1, description="-1 until the first version is loaded")
-    downloading_version: int | None = None
+    worker_id: Id
+    version_loaded: int = Field(ge=-1, le=MAX_VERSION, description="-1 until the first version is loaded")
+    downloading_version: Version | None = None
     download_progress: float = Field(default=0.0, ge=0.0, le=1.0)
-    tokens_per_s: float = Field(default=0.0, ge=0.0)
-    upload_bytes: int = Field(default=0, ge=0, description="bytes this worker has uploaded to the swarm")
+    tokens_per_s: float = Field(default=0.0, ge=0.0, le=MAX_TOKENS_PER_S)
+    upload_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="bytes this worker has uploaded to the swarm")
     ready_version: int = Field(
         default=-1,
         ge=-1,
+        le=MAX_VERSION,
         description="a version downloaded and verified (its SHA-256, a delta rebuilt), "
         "waiting for the lease in progress to end before it is loaded",
     )
     swap_s: float = Field(
         default=0.0,
         ge=0.0,
+        le=MAX_SECONDS,
         description="the last swap's stall: the engine reload (plus the hash check or delta rebuild, for a "
         "worker that does them between leases)",
     )
 
 
 class HeartbeatReply(_Msg):
-    latest_version: int
+    latest_version: Version
     finished: bool
 
 
 class LeaveRequest(_Msg):
-    worker_id: str
+    worker_id: Id
 
 
 class WorkerView(_Msg):
-    worker_id: str
-    name: str
-    version_loaded: int
-    downloading_version: int | None
-    download_progress: float
-    tokens_per_s: float
-    rollouts: int
+    worker_id: Id
+    name: str = Field(max_length=128)  # the worker's own words: escaped wherever shown (textsafe)
+    version_loaded: int = Field(ge=-1, le=MAX_VERSION)
+    downloading_version: Version | None
+    download_progress: float = Field(ge=0.0, le=1.0)
+    tokens_per_s: float = Field(ge=0.0, le=MAX_TOKENS_PER_S)
+    rollouts: Count
     active: bool
     standby: bool = False
-    leased_prompts: int = 0  # prompts of its leases not yet returned
+    leased_prompts: Count = 0  # prompts of its leases not yet returned
+
+
+MetricName = Annotated[str, StringConstraints(max_length=128)]
 
 
 class Status(_Msg):
-    run_id: str
-    step: int
-    target_steps: int
-    version: int
+    run_id: str = Field(max_length=64)
+    step: Version
+    target_steps: Version
+    version: Version
     finished: bool
-    workers: list[WorkerView]
-    last_metrics: dict[str, float | int | str | None] = Field(default_factory=dict)
+    workers: list[WorkerView] = Field(max_length=1 << 16)
+    last_metrics: dict[MetricName, float | int | Annotated[str, StringConstraints(max_length=MAX_TEXT)] | None] = Field(
+        default_factory=dict, max_length=1024
+    )
     # the newest steps (`learner/records.HISTORY_KEYS`), oldest first: trends for `echo2 status`
-    history: list[dict[str, float | None]] = Field(default_factory=list, max_length=1024)
-    rejected: dict[str, int] = Field(default_factory=dict)  # rejected samples so far, by reason
+    history: list[dict[MetricName, float | None]] = Field(default_factory=list, max_length=1024)
+    rejected: dict[Reason, Count] = Field(default_factory=dict, max_length=64)  # rejected samples so far, by reason

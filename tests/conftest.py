@@ -16,6 +16,18 @@ def make_clock():
     return tick
 
 
+# the run's settings a JoinResponse carries, for apps built in tests (`build_app(join_info=...)`)
+JOIN_INFO = dict(
+    task="arithmetic",
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    staleness=1,
+    heartbeat_s=2.0,
+    model_files=["config.json"],
+)
+
+
 @pytest.fixture
 def clock():
     return make_clock()

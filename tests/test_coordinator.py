@@ -201,18 +201,21 @@ def test_fetch_slots_are_sized_by_each_workers_measured_uplink(clock):
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=0, upload_bytes=10_000_000))  # 5 MB/s
     coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, upload_bytes=30_000_000))  # 15 MB/s
     pa, pb = coord.latest_policy(a), coord.latest_policy(b)
-    assert (pa.slot, pa.slots, pa.slot_width) == (0, 64, 16) and (pb.slot, pb.slots, pb.slot_width) == (16, 64, 48)
+    # b's 3x counts as 2x: of two workers, the median is the lower one
+    assert (pa.slot, pa.slots, pa.slot_width) == (0, 63, 21) and (pb.slot, pb.slots, pb.slot_width) == (21, 63, 42)
     clock(2.0)
     coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, upload_bytes=31_000_000))  # slower now: the peak stays
-    assert coord.latest_policy(b).slot_width == 48
+    assert coord.latest_policy(b).slot_width == 42
 
 
-def test_share_widths_follow_uplinks_but_one_claimed_uplink_counts_for_at_most_4x_the_median():
+def test_share_widths_follow_uplinks_but_one_claimed_uplink_counts_for_at_most_2x_the_median():
     from echo2cli.learner.fleet import share_widths
 
     assert share_widths([5.0, 0.0, 7.0]) == [1, 1, 1]  # one unmeasured: equal shares
     assert share_widths([1.0, 1000.0, 1000.0]) == [1, 32, 32]  # every worker keeps a share
-    assert share_widths([100.0] * 7 + [1e12]) == [6] * 7 + [23]  # the claim counts as 400
+    assert share_widths([100.0] * 7 + [1e12]) == [7] * 7 + [14]  # the claim counts as 200
+    assert share_widths([100.0, 200.0, 400.0, 800.0]) == [5, 10, 20, 30]  # 800 counts as 600: 2x the median
+    assert share_widths([1e12, 1e6]) == [42, 21]  # of two, the median is the lower: the cap binds at N = 2
 
 
 def test_a_worker_asking_again_and_again_holds_no_more_than_its_cap(clock):

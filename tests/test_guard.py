@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_coord
+from conftest import JOIN_INFO, make_coord
 from fastapi.testclient import TestClient
 
 from echo2cli import __version__
 from echo2cli.learner.guard import rollout_body_limit
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import PolicyInfo
-
-JOIN_INFO = dict(
-    task="arithmetic",
-    group_size=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    staleness=1,
-    heartbeat_s=2.0,
-    model_files=["config.json"],
-)
 
 
 @pytest.fixture

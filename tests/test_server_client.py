@@ -2,7 +2,7 @@
 
 import httpx
 import pytest
-from conftest import make_coord
+from conftest import JOIN_INFO, make_coord
 from fastapi.testclient import TestClient
 
 from echo2cli import __version__
@@ -10,16 +10,6 @@ from echo2cli.errors import AuthError, LearnerUnreachable, ProtocolError
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import JoinRequest, LeaseRequest, PolicyInfo
 from echo2cli.worker.client import LearnerClient
-
-JOIN_INFO = dict(
-    task="arithmetic",
-    group_size=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    staleness=1,
-    heartbeat_s=2.0,
-    model_files=["config.json"],
-)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from conftest import make_coord
+from conftest import JOIN_INFO, make_coord
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import make_torrent
@@ -18,16 +18,6 @@ from echo2cli.learner.server import bind_socket, build_app, serve_in_thread
 from echo2cli.protocol import JoinRequest, PolicyInfo
 from echo2cli.tls import check_server_files, trust_for_torrents
 from echo2cli.worker.client import LearnerClient
-
-JOIN_INFO = dict(
-    task="arithmetic",
-    group_size=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    staleness=1,
-    heartbeat_s=2.0,
-    model_files=["config.json"],
-)
 
 
 def self_signed(directory, host="127.0.0.1"):

@@ -113,8 +113,10 @@ class Coordinator:
     # -- workers -------------------------------------------------------------------------------------
 
     def join(self, name: str, usd_per_hour: float, max_model_len: int | None = None) -> str:
-        """A new worker's id. `max_model_len`: its engine's context (prompt + completion); None = not limited."""
+        """A new worker's id (`max_model_len`: its engine's context, None = not limited); FleetFull if no room."""
         with self.lock:
+            for silent in self.fleet.silent():  # gone for long without a word: let go first
+                self.leave(silent)
             worker_id = self.fleet.join(name, usd_per_hour, max_model_len)
             self.credentials.issue(worker_id)
             return worker_id
@@ -148,7 +150,7 @@ class Coordinator:
 
     def heartbeat(self, hb: Heartbeat) -> None:
         with self.lock:
-            self.fleet.heartbeat(hb)
+            self.fleet.heartbeat(hb, latest=max(self.published.policies, default=0))
 
     def leave(self, worker_id: str, *, cut_off: bool = False) -> int:
         """The worker is gone: its unfinished prompts go back to the queue. Returns how many."""

@@ -11,6 +11,7 @@ A worker that sends invalid data MAX_BAD_BATCHES batches in a row is cut off.
 
 from __future__ import annotations
 
+import math
 import statistics
 import uuid
 from collections import Counter, deque
@@ -21,9 +22,16 @@ from typing import Any
 from echo2cli.learner.types import RejectReason
 from echo2cli.protocol import Heartbeat, PolicyInfo, WorkerView
 
+MAX_WORKERS = 4096  # workers joined at once: past it a join is refused (429), so joins cannot grow the fleet forever
+FORGET_AFTER_S = 600.0  # a worker silent this long has left (its next call hears "join again"; workers do)
+DEPARTED_KEPT = 1024  # records of workers that left, kept for the status view and the run's totals
 MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
 MAX_BAD_BATCHES = 5  # batches in a row with invalid data before a worker is cut off
 INACTIVE_AFTER_BEATS = 3  # heartbeat periods without a word before a worker counts as gone
+
+
+class FleetFull(ValueError):
+    """No room for another worker (MAX_WORKERS)."""
 
 
 def rate(returns: deque[tuple[int, float]]) -> float | None:
@@ -33,7 +41,13 @@ def rate(returns: deque[tuple[int, float]]) -> float | None:
 
 
 SHARE_UNITS = 64  # the first copy of a version is cut into this many shares (about), handed out by uplink
-UPLINK_CAP = 4.0  # an uplink counts for at most this many times the median one
+UPLINK_CAP = 2.0  # a worker's uplink, and then its share, counts for at most this many times the fleet's middle one
+UPLINK_HALF_LIFE_S = 600.0  # a worker's measured uplink is its peak rate, halved every 10 minutes since
+
+
+def middle(values: list[float]) -> float:
+    """The median; of two values the lower one (their mean is half the larger, which one liar sets alone)."""
+    return min(values) if len(values) == 2 else statistics.median(values)
 
 
 def share_widths(uplinks: list[float]) -> list[int]:
@@ -41,15 +55,21 @@ def share_widths(uplinks: list[float]) -> list[int]:
     that a slow uplink, which would hold the others up while it passes its pieces on, holds few of them. Equal
     shares while any uplink is unmeasured (0): a worker's uplink is seen only once it has uploaded something.
 
-    Uplinks are what workers report (their upload counters), so one counts for at most UPLINK_CAP times the median:
-    a worker that claims a huge uplink and then sends nothing holds back a bounded part of the first copy, which the
-    others then fetch from the learner once their download stalls (`node.GATE_STALL_S`)."""
-    if len(uplinks) < 2 or min(uplinks) <= 0:
+    Uplinks are what workers report (their upload counters), so a liar must not buy much: an uplink counts for at
+    most UPLINK_CAP times the fleet's `middle` one (at N = 2 the other worker's, so the cap binds there too), and a
+    share, after rounding, for at most UPLINK_CAP times the middle share. A worker that claims a huge uplink and
+    then sends nothing holds back at most about 2/(N + 1) of the first copy, which the others then fetch from the
+    learner once their download stalls (`node.GATE_STALL_S`). Anything not finite counts as unmeasured. (With the
+    lower median at every N the cap would also hold against liars who are half the fleet, but it cost the
+    asymmetric fleet of docs/BENCHMARKS.md a fifth of its broadcast speed: 1.50-1.61 T* against 1.24-1.28.)"""
+    if len(uplinks) < 2 or not all(math.isfinite(u) and u > 0 for u in uplinks):
         return [1] * len(uplinks)
-    cap = UPLINK_CAP * statistics.median(uplinks)
+    cap = UPLINK_CAP * middle(uplinks)
     counted = [min(u, cap) for u in uplinks]
     total = sum(counted)
-    return [max(1, round(SHARE_UNITS * u / total)) for u in counted]
+    widths = [max(1, round(SHARE_UNITS * u / total)) for u in counted]
+    most = max(1, int(UPLINK_CAP * middle([float(w) for w in widths])))
+    return [min(w, most) for w in widths]
 
 
 @dataclass
@@ -62,9 +82,9 @@ class WorkerRecord:
     downloading_version: int | None = None
     download_progress: float = 0.0
     tokens_per_s: float = 0.0
-    upload_bytes: int = 0
-    uplink: float = 0.0  # the fastest it was seen to upload, bytes/s over a heartbeat interval (0: never seen)
-    beat_at: float = 0.0  # when its last heartbeat came
+    upload_bytes: int = 0  # its upload counter when `beat_at`
+    uplink: float = 0.0  # its decaying peak upload rate, bytes/s (0: never seen; `Fleet.measure_uplink`)
+    beat_at: float = 0.0  # when its upload counter was last read
     swap_s: float = 0.0
     left: bool = False
     standby: bool = False
@@ -91,6 +111,12 @@ class Fleet:
         self.workers: dict[str, WorkerRecord] = {}
 
     def join(self, name: str, usd_per_hour: float, max_model_len: int | None) -> str:
+        """A new worker's id; FleetFull if MAX_WORKERS have joined and not left."""
+        if sum(not w.left for w in self.workers.values()) >= MAX_WORKERS:
+            raise FleetFull(f"the learner has {MAX_WORKERS} workers, its most: join again later")
+        departed = [wid for wid, w in self.workers.items() if w.left]
+        for wid in departed[: max(0, len(departed) - DEPARTED_KEPT)]:  # the oldest first
+            del self.workers[wid]
         worker_id = uuid.uuid4().hex[:12]
         self.workers[worker_id] = WorkerRecord(name, usd_per_hour, self.clock(), max_model_len)
         return worker_id
@@ -109,16 +135,38 @@ class Fleet:
             w.version_loaded = version
             w.first_seen_with.setdefault(version, w.last_seen)
 
-    def heartbeat(self, hb: Heartbeat) -> None:
-        self.saw(hb.worker_id, hb.version_loaded)
+    def heartbeat(self, hb: Heartbeat, latest: int) -> None:
+        """A worker's report. Versions it claims beyond `latest` (the newest published) are not recorded: they
+        would fake T_bcast measurements and grow its records without bound."""
+        self.saw(hb.worker_id, hb.version_loaded if hb.version_loaded <= latest else -1)
         w = self.workers[hb.worker_id]
-        w.downloading_version, w.download_progress = hb.downloading_version, hb.download_progress
-        if w.beat_at and hb.upload_bytes > w.upload_bytes and w.last_seen > w.beat_at:
-            w.uplink = max(w.uplink, (hb.upload_bytes - w.upload_bytes) / (w.last_seen - w.beat_at))
-        w.tokens_per_s, w.upload_bytes, w.beat_at = hb.tokens_per_s, hb.upload_bytes, w.last_seen
-        if hb.ready_version >= 0:
+        downloading = hb.downloading_version
+        w.downloading_version = downloading if downloading is None or downloading <= latest else None
+        w.download_progress, w.tokens_per_s = hb.download_progress, hb.tokens_per_s
+        self.measure_uplink(w, hb.upload_bytes)
+        if 0 <= hb.ready_version <= latest:
             w.first_ready_with.setdefault(hb.ready_version, w.last_seen)
         w.swap_s = hb.swap_s or w.swap_s
+
+    def measure_uplink(self, w: WorkerRecord, upload_bytes: int) -> None:
+        """Its upload rate since the counter was last read, once at least half a heartbeat period has passed (a
+        burst of heartbeats cannot make a rate out of a rounding error); the uplink is the peak of these rates,
+        decaying with UPLINK_HALF_LIFE_S so that one fast moment long ago does not count forever."""
+        now = w.last_seen
+        if not w.beat_at or upload_bytes < w.upload_bytes:  # the first reading, or a restarted counter
+            w.upload_bytes, w.beat_at = upload_bytes, now
+            return
+        elapsed = now - w.beat_at
+        if elapsed < self.heartbeat_s / 2:
+            return
+        rate = (upload_bytes - w.upload_bytes) / elapsed
+        w.uplink = max(rate, w.uplink * 0.5 ** (elapsed / UPLINK_HALF_LIFE_S))
+        w.upload_bytes, w.beat_at = upload_bytes, now
+
+    def silent(self) -> list[str]:
+        """Workers that have not left and have said nothing for FORGET_AFTER_S: gone, without a word."""
+        now = self.clock()
+        return [wid for wid, w in self.workers.items() if not w.left and now - w.last_seen > FORGET_AFTER_S]
 
     def active(self) -> list[str]:
         now = self.clock()

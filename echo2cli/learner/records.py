@@ -8,6 +8,7 @@ fleet start-up (engines loading), which a capacity model of steady state does no
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ HISTORY_KEYS = (
     "cost/usd_per_step",
 )
 HISTORY = 120
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def batch_metrics(groups: list[Group], step: int, max_new_tokens: int) -> dict[str, Any]:
@@ -178,10 +183,11 @@ class StepLog:
         self.history.append({k: record.get(k) for k in HISTORY_KEYS})
 
     def status(self) -> dict[str, Any]:
-        """`Status.last_metrics` and `Status.history`."""
+        """`Status.last_metrics` and `Status.history`; a number that is not finite (a diverged loss) is None, as
+        JSON and the wire's bounds want it."""
         return {
-            "last_metrics": {k: self.last[k] for k in SCALARS_IN_STATUS if k in self.last},
-            "history": list(self.history),
+            "last_metrics": {k: _finite(self.last[k]) for k in SCALARS_IN_STATUS if k in self.last},
+            "history": [{k: _finite(v) for k, v in h.items()} for h in self.history],
         }
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from echo2cli.broadcast.webseed import BusyError, RangeError, WebSeed
 from echo2cli.errors import ConfigError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.credentials import same_secret
+from echo2cli.learner.fleet import FleetFull
 from echo2cli.learner.guard import SMALL_BODY, RequestGuard, rollout_body_limit
 from echo2cli.protocol import (
     API,
@@ -171,7 +172,10 @@ def _worker_routes(coord: Coordinator, gate: Gate, run_id: str, join_info: dict[
                 f"worker runs echo2 {req.echo2_version or '(unknown)'}, the learner {__version__}: install the "
                 "same version on both",
             )
-        worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
+        try:
+            worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
+        except FleetFull as exc:
+            raise HTTPException(429, str(exc)) from None
         session_token, tracker_key = coord.secrets_of(worker_id)
         return JoinResponse(
             worker_id=worker_id,
