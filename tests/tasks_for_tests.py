@@ -24,3 +24,12 @@ class MisbehavingTask:
                 time.sleep(1)
         reward = {"nan": float("nan"), "big": 7.0}.get(completion, 1.0)
         return Score(reward, {"format": 1.0})
+
+
+class SlowStartTask(MisbehavingTask):
+    """Takes 2 s to build, as a task that loads a tokenizer or a table does on a busy box; scores fast."""
+
+    name = "slow_start"
+
+    def __init__(self) -> None:
+        time.sleep(2.0)

@@ -48,3 +48,12 @@ def test_the_example_user_task_loads_by_import_path_with_options(monkeypatch):
     with pytest.raises(ConfigError, match="no word"):
         load_task("my_task:ReverseWordTask", {"min_len": 20})
     sys.modules.pop("my_task", None)
+
+
+def test_the_scoring_processs_own_start_does_not_count_against_a_completions_deadline():
+    scorer = Scorer("tasks_for_tests:SlowStartTask", timeout_s=0.5)  # starting takes 2 s, scoring a few ms
+    try:
+        assert [s.components for s in scorer(PROBLEM, ["fine", "fine"])] == [{"format": 1.0}] * 2
+        assert scorer.timeouts == 0
+    finally:
+        scorer.close()

@@ -22,7 +22,6 @@ from echo2cli.learner.rewards import RewardStage
 from echo2cli.learner.types import Group, RejectReason
 from echo2cli.protocol import RolloutBatch, Sample, SubmitResult
 from echo2cli.tasks import Score
-from echo2cli.tasks.episodes import FORGED
 
 
 class Intake:
@@ -61,8 +60,8 @@ class Intake:
                 reason = self._verdict(batch, prompt_id, samples, now)
                 if reason is None and prompt_id not in scores:
                     reason = RejectReason.LATE  # admissible only now: its lease was re-granted while we scored
-                if reason is None and any(s.components.get(FORGED) for s in scores[prompt_id]):
-                    reason = RejectReason.FORGED_ENV  # a multi-turn transcript the replay does not reproduce
+                if reason is None:
+                    reason = self.rewards.refusal(scores[prompt_id])  # a transcript forged, or its replay failed
                 self._settle(batch, lease, prompt_id, samples, reason, scores.get(prompt_id, []), result)
             self.admission.settle(result)
             self._close(batch, lease, result)

@@ -19,6 +19,7 @@ class RejectReason(StrEnum):
     INVALID_SAMPLES = "invalid_samples"
     STALE = "stale"
     FORGED_ENV = "forged_env"
+    REPLAY_FAILED = "replay_failed"
 
     @property
     def detail(self) -> str:
@@ -34,6 +35,7 @@ class RejectReason(StrEnum):
             RejectReason.INVALID_SAMPLES,
             RejectReason.REVOKED,
             RejectReason.FORGED_ENV,
+            RejectReason.REPLAY_FAILED,
         )
 
 
@@ -46,6 +48,8 @@ _DETAIL = {
     RejectReason.INVALID_SAMPLES: "",  # the validation failure itself is the detail
     RejectReason.STALE: "more than S versions behind the learner",
     RejectReason.FORGED_ENV: "a transcript's environment tokens are not what the environment produces on replay",
+    RejectReason.REPLAY_FAILED: "replaying a transcript failed (the environment raised or timed out on its actions), "
+    "so it could not be checked",
 }
 
 

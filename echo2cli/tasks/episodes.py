@@ -23,7 +23,12 @@ decoding each policy span with its own tokenizer and stepping a fresh episode. E
 exactly the tokens the environment's observation makes at that point; a transcript with any other environment
 token is forged and rejected whole (`FORGED` component), as are malformed masks and spans after the end.
 Training uses policy tokens only. The episode's reward is the sum of its steps' rewards, which must stay in
-[0, 1] like any task's reward; components are the last step's `info` plus `turns` and `done`.
+[0, 1] like any task's reward; components are the last step's `info` plus `turns`, `done` and `truncated`.
+
+A truncated episode (the transcript ends before the environment says done: the engine's context, the learner's
+transcript cap or max_turns ran out) is scored as the environment says with `truncate() -> Step`, the step it
+takes when a player runs out of time; an environment without one scores the rewards of the steps it took.
+poker_hands folds the hand there: the chips committed so far are lost, not the whole stack.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class Step:
 class Episode(Protocol):
     def reset(self) -> str: ...
 
-    def step(self, action: str) -> Step: ...
+    def step(self, action: str) -> Step: ...  # optional too: truncate() -> Step (see the module docstring)
 
 
 def is_episodic(task: Any) -> bool:
@@ -207,4 +212,9 @@ def score_transcript(task: Any, turns: Turns, spec: str, token_ids: Sequence[int
             env_start, env_end, _ = runs[k + 1]
             if done or list(token_ids[env_start:env_end]) != turns.env_tokens(step.observation, policy_ids):
                 return Score(0.0, {FORGED: 1.0})
-    return Score(total, {**{str(k): float(v) for k, v in info.items()}, "turns": turn_count, "done": float(done)})
+    truncated = not done and callable(getattr(episode, "truncate", None))
+    if truncated:
+        step = episode.truncate()
+        total, info = total + step.reward, dict(step.info)
+    components = {str(k): float(v) for k, v in info.items()}
+    return Score(total, {**components, "turns": turn_count, "done": float(done), "truncated": float(not done)})

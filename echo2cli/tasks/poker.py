@@ -76,6 +76,7 @@ _AUTOMATIONS = (
     Automation.CHIPS_PULLING,
 )
 _DECK = tuple(Deck.STANDARD)
+MAX_AMOUNT_DIGITS = 12
 _ACTION = re.compile(r"action\s*:[ \t]*([^\n]*)", re.IGNORECASE)
 _VERB = re.compile(
     r"(fold|check|call|all[- ]?in|raise|bet)\b(?:\s+(?:to\s+)?(all[- ]?in|\$?\d(?:[\d,]*\d)?(?!\.?\d)))?"
@@ -101,7 +102,9 @@ def parse_action(completion: str) -> str | None:
     if verb.startswith("all") or (amount or "").startswith("all"):
         return "all-in"
     if verb in ("raise", "bet"):
-        return f"raise {int(amount.lstrip('$').replace(',', ''))}" if amount else None
+        digits = (amount or "").lstrip("$").replace(",", "")
+        # no stack has 13 digits; and int() refuses strings of more than 4,300 digits with an exception
+        return f"raise {int(digits)}" if 0 < len(digits) <= MAX_AMOUNT_DIGITS else None
     return verb
 
 

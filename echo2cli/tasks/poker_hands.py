@@ -116,6 +116,17 @@ class Hand:
         self._advance()
         if self.state.status:
             return Step(self._observation(), 0.0, False)
+        return self._result()
+
+    def truncate(self) -> Step:
+        """The transcript ran out of room at the hero's decision: the hero folds, as a player whose time runs out,
+        and loses the chips committed so far (not the whole stack)."""
+        if self.state.status:
+            self._act("fold")
+            self._advance()
+        return self._result()
+
+    def _result(self) -> Step:
         chips = self.state.stacks[self.hero] - self.stack
         info = {"chips": float(chips), "won": float(chips > 0), "illegal": self.illegal}
         return Step("", 0.5 + chips / (2 * self.stack), True, info)

@@ -24,6 +24,7 @@ from echo2cli.tasks.episodes import FORGED, Turns, is_episodic, score_transcript
 
 Completion = str | tuple[list[int], list[int]]  # a text, or a multi-turn transcript's (token ids, policy mask)
 
+STARTUP_TIMEOUT_S = 300.0  # the scoring process's own start: imports, the task, a tokenizer
 ERROR = Score(0.0, {"error": 1.0})
 TIMEOUT = Score(0.0, {"timeout": 1.0})
 
@@ -62,6 +63,10 @@ def _init(spec: str, options: Mapping[str, Any], tokenizer_dir: str | None) -> N
         _turns = Turns(AutoTokenizer.from_pretrained(tokenizer_dir))
 
 
+def _ready() -> bool:
+    return _task is not None
+
+
 def _score_all(problem: Problem, completions: list[Completion]) -> list[tuple[float, dict[str, float]]]:
     assert _task is not None
     return [(s.reward, dict(s.components)) for s in (safe_score(_task, problem, c, _turns) for c in completions)]
@@ -86,9 +91,13 @@ class Scorer:
         self._lock = threading.Lock()  # one group at a time: the pool is one process
 
     def _get_pool(self) -> Any:
+        """The scoring process, started and initialised before any deadline runs: its start (imports, the task,
+        a tokenizer; seconds on a busy box) must not count against a completion, or every group scored right after
+        a (re)start would time out."""
         if self._pool is None:
             ctx = multiprocessing.get_context("forkserver")  # never fork a process that runs torch threads
             self._pool = ctx.Pool(1, initializer=_init, initargs=(self.spec, self.options, self.tokenizer_dir))
+            self._pool.apply_async(_ready).get(timeout=STARTUP_TIMEOUT_S)
         return self._pool
 
     def _kill(self) -> None:
@@ -97,8 +106,8 @@ class Scorer:
         self._pool = None
 
     def _run(self, problem: Problem, completions: list[Completion]) -> list[Score] | None:
-        job = self._get_pool().apply_async(_score_all, (problem, completions))
         try:
+            job = self._get_pool().apply_async(_score_all, (problem, completions))
             return [Score(r, c) for r, c in job.get(timeout=self.timeout_s * len(completions))]
         except multiprocessing.TimeoutError:
             self._kill()
