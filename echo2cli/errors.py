@@ -7,6 +7,7 @@
     ├── AuthError              the learner rejected our token (HTTP 401/403)
     │   └── SessionLost        the learner no longer knows this worker (it restarted): join again
     ├── ProtocolError          the other side answered with something we cannot use (4xx, bad body)
+    │   └── LeaseLost          the learner refused to go on with a lease in progress (it expired): drop its work
     ├── BroadcastError         a policy version could not be created, fetched or verified
     └── DiskFullError          no space left for a checkpoint or a policy version
 
@@ -46,6 +47,10 @@ class SessionLost(AuthError):
 
 
 class ProtocolError(Echo2Error):
+    pass
+
+
+class LeaseLost(ProtocolError):
     pass
 
 

@@ -37,7 +37,7 @@ from echo2cli.lora import is_adapter, write_merged
 from echo2cli.models import model_dir_with_weights, resolve_model
 from echo2cli.protocol import MODEL_FILES
 from echo2cli.tasks import Problem, Score, encode_chat, load_task
-from echo2cli.tasks.episodes import Turns, is_episodic, play
+from echo2cli.tasks.episodes import LocalSteps, Turns, is_episodic, play
 from echo2cli.tasks.scoring import Scorer
 
 EPISODE_CONTEXT = 4096  # a multi-turn task's engine context: the prompt and every turn and observation after it
@@ -210,9 +210,8 @@ def _play_and_score(
         episodes = [task.episode(p.meta["episode"]) for p in problems for _ in range(copies)]
         played = play(
             generate,
-            turns,
+            LocalSteps(turns, episodes),
             [ids for ids in prompts for _ in range(copies)],
-            episodes,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             max_turns=int(task.max_turns),

@@ -160,6 +160,11 @@ class JoinResponse(_Msg):
     transcript_tokens: int = Field(
         default=0, ge=0, le=MAX_COMPLETION_TOKENS, description="a multi-turn task's tokens after the prompt, at most"
     )
+    hidden_state: bool = Field(
+        default=False,
+        description="the multi-turn task's environment hides state (a card deal): the learner steps every episode "
+        "(/v1/episodes/step) and leases carry no episode spec",
+    )
 
     @field_validator("model_files")
     @classmethod
@@ -187,11 +192,39 @@ class PromptItem(_Msg):
     )
 
 
+class EpisodeAction(_Msg):
+    """One policy turn of an episode the learner steps (a task with hidden state)."""
+
+    prompt_id: PromptId
+    sample_idx: int = Field(ge=0, le=1024)
+    turn: int = Field(ge=0, le=256, description="the episode's policy turn this action is (0: the first)")
+    token_ids: list[TokenId] = Field(max_length=MAX_COMPLETION_TOKENS, description="the turn as sampled")
+
+
+class StepRequest(_Msg):
+    worker_id: Id
+    lease_id: Id
+    actions: list[EpisodeAction] = Field(max_length=65536)
+
+
+class EpisodeStep(_Msg):
+    done: bool
+    env_token_ids: list[TokenId] = Field(
+        max_length=MAX_PROMPT_TOKENS, description="what hands the model the next observation ([] once done)"
+    )
+
+
+class StepReply(_Msg):
+    steps: list[EpisodeStep] = Field(max_length=65536, description="one per action, in order")
+
+
 class Lease(_Msg):
-    lease_id: str = Field(max_length=64)
-    version: int = Field(ge=0)
+    lease_id: Id
+    version: Version
     prompts: list[PromptItem] = Field(max_length=256)  # no more than a worker asks for (LeaseRequest.max_prompts)
-    deadline_s: float = Field(description="seconds from now after which the prompts are leased again")
+    deadline_s: float = Field(
+        ge=0.0, le=MAX_SECONDS, description="seconds from now after which the prompts are leased again"
+    )
 
 
 class LeaseResponse(_Msg):

@@ -14,7 +14,7 @@ from echo2cli.learner.admission import Admission
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 from echo2cli.tasks import encode_chat, load_task
-from echo2cli.tasks.episodes import FORGED, Turns, mask_problem, play, score_transcript, spans
+from echo2cli.tasks.episodes import FORGED, LocalSteps, Turns, mask_problem, play, score_transcript, spans
 from echo2cli.tasks.poker_hands import Hand, PokerHandsTask, parse_spec, percentile
 from echo2cli.tasks.scoring import safe_score
 
@@ -55,9 +55,8 @@ def play_hands(turns, answers, n=6, unreadable="call", **limits):
     kwargs = dict(max_new_tokens=16, max_turns=4, context_len=4096, transcript_tokens=4096) | limits
     played = play(
         scripted(turns, answers),
-        turns,
+        LocalSteps(turns, [task.episode(p.meta["episode"]) for p in problems]),
         prompts,
-        [task.episode(p.meta["episode"]) for p in problems],
         temperature=1.0,
         **kwargs,
     )

@@ -1,10 +1,13 @@
 """Fuzz every endpoint of the learner's API from its own OpenAPI schema, plus hand-written hostile requests:
-the server must never answer 5xx to client input.
+the server must never answer 5xx to client input, and one worker's requests never change what another
+worker's calls answer.
 
 Schemathesis generates request bodies, paths and queries from `/openapi.json` (property-based, via
-hypothesis). Most generated bodies get a real worker id and that worker's session token, so requests reach
+hypothesis), extreme numbers included (the schema carries every field's bounds, and it generates values on
+and past them). Most generated bodies get a real worker id and that worker's session token, so requests reach
 the coordinator instead of stopping at the credential checks. The app runs in process with a real
-coordinator (fake tokenizer).
+coordinator (fake tokenizer). The quick run sends about 1,700 requests; the long one (marked integration, about
+five minutes) sends more than 10,000 as one hostile worker and checks an honest worker's calls after each.
 """
 
 from __future__ import annotations
@@ -16,26 +19,49 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from conftest import make_coord
+from conftest import JOIN_INFO, make_coord
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
 from echo2cli import __version__
+from echo2cli.learner.episode_host import EpisodeHost
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import PolicyInfo
+from echo2cli.tasks.poker_hands import PokerHandsTask
 
 TOKEN = "s3cret"
-JOIN_INFO = dict(
-    task="arithmetic",
-    group_size=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    staleness=1,
-    heartbeat_s=2.0,
-    model_files=["config.json"],
-)
-EXAMPLES_PER_OPERATION = 150  # x 9 operations: about 1,700 requests per run (at least 1,000 asserted)
+EXAMPLES_PER_OPERATION = 150  # x 10 operations: about 1,700 requests per run (at least 1,000 asserted)
+LONG_EXAMPLES_PER_OPERATION = 1100  # x 10 operations: more than 10,000 requests (asserted)
 SEEN: Counter[str] = Counter()
+SEEN_LONG: Counter[str] = Counter()
+
+
+class TextTurns:
+    """The chat template's turn boundary, faked (pure logic): an action is its ids as text, an observation 3 tokens."""
+
+    def action(self, ids):
+        return "ACTION: " + " ".join(map(str, ids))
+
+    def env_tokens(self, observation, ids):
+        return [1, 2, 3]
+
+
+def episode_host(coord):
+    """The learner's host of hidden-state episodes (real poker hands; every live leased prompt deals one)."""
+
+    def spec_of(worker_id, lease_id, prompt_id):
+        lease = coord.leases.live(lease_id, worker_id)
+        return "200:7:call" if lease is not None and prompt_id in lease.outstanding else None
+
+    return EpisodeHost(
+        PokerHandsTask(unreadable="call"),
+        TextTurns(),
+        spec_of=spec_of,
+        live_leases=lambda: set(coord.leases.leases),
+        group_size=2,
+        max_turns=4,
+        turn_tokens=8,
+    )
 
 
 def make_app(model_dir: Path):
@@ -53,6 +79,7 @@ def make_app(model_dir: Path):
         token=TOKEN,
         status_extra=dict,
         target_steps=3,
+        episodes=episode_host(coord),
     )
 
 
@@ -101,6 +128,62 @@ def test_the_fuzzer_sent_at_least_1000_requests():
     # runs after the parametrized test in file order
     print(f"fuzzed requests: {sum(SEEN.values())}")
     assert sum(SEEN.values()) >= 1000, SEEN
+
+
+@pytest.fixture(scope="module")
+def honest_and_hostile(tmp_path_factory):
+    """A fresh learner with two workers: one sends the generated requests, the other only honest calls."""
+    app = make_app(tmp_path_factory.mktemp("model-long"))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(app, raise_server_exceptions=False) as http:  # one event loop for all its calls: 5x faster
+        honest, hostile = (
+            http.post("/v1/join", json={"name": name, "echo2_version": __version__}, headers=auth).json()
+            for name in ("honest", "hostile")
+        )
+        yield app, http, honest, hostile
+
+
+def honest_answers(http: TestClient, honest: dict, which: int | None = None) -> list[int]:
+    """An honest worker's calls: its policy, a heartbeat, a lease, and the operator's status (`which`: one of them)."""
+    me, wid = {"Authorization": f"Bearer {honest['session_token']}"}, honest["worker_id"]
+    calls = [
+        lambda: http.get("/v1/policy", params={"worker_id": wid}, headers=me),
+        lambda: http.post("/v1/heartbeat", json={"worker_id": wid, "version_loaded": 0}, headers=me),
+        lambda: http.post("/v1/lease", json={"worker_id": wid, "version": 0}, headers=me),
+        lambda: http.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}),
+    ]
+    return [call().status_code for call in (calls if which is None else [calls[which % len(calls)]])]
+
+
+@pytest.mark.integration  # about five minutes: CI runs it, the quick subset does not
+@schema.parametrize()
+@settings(
+    max_examples=LONG_EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+)
+def test_ten_thousand_requests_from_one_worker_get_no_5xx_and_change_no_other_workers_answers(case, honest_and_hostile):
+    app, http, honest, hostile = honest_and_hostile
+    token = RNG.choice([TOKEN, hostile["session_token"], hostile["session_token"], hostile["session_token"]])
+    if isinstance(case.body, dict) and "worker_id" in case.body and RNG.random() < 0.8:
+        case.body["worker_id"] = RNG.choice([hostile["worker_id"]] * 3 + [honest["worker_id"]])  # or impersonate
+    if case.query and "worker_id" in case.query and RNG.random() < 0.5:
+        case.query["worker_id"] = hostile["worker_id"]
+    if case.path_parameters and "key" in case.path_parameters and RNG.random() < 0.5:
+        case.path_parameters["key"] = hostile["tracker_key"]
+    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+    response = case.call(app=app)
+    n = sum(SEEN_LONG.values())
+    SEEN_LONG[f"{case.method} {case.operation.path}"] += 1
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    # after each request one of the honest worker's calls, in turn, and every 100th request all four
+    honest_now = honest_answers(http, honest, which=None if n % 100 == 0 else n)
+    assert set(honest_now) == {200}, (case.method, case.path, case.body, honest_now)
+
+
+@pytest.mark.integration
+def test_the_long_fuzz_sent_more_than_10000_requests():
+    paths = {key.split(" ", 1)[1] for key in SEEN_LONG}  # the methods vary too: negative cases try others
+    print(f"fuzzed requests (long run): {sum(SEEN_LONG.values())} over {len(paths)} paths")
+    assert sum(SEEN_LONG.values()) >= 10_000, SEEN_LONG
 
 
 HOSTILE = [

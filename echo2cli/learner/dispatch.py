@@ -83,7 +83,7 @@ class Dispatcher:
             PromptItem(
                 prompt_id=i,
                 prompt_token_ids=self.prompts.token_ids[i],
-                episode=self.prompts.problems[i].meta.get("episode"),
+                episode=None if self.prompts.hidden else self.prompts.problems[i].meta.get("episode"),
             )
             for i in ids
         ]

@@ -42,6 +42,7 @@ from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.divergence import DivergenceGuard, Thresholds
+from echo2cli.learner.episode_host import episode_host
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
 from echo2cli.learner.records import (
@@ -185,6 +186,7 @@ def run_settings(
         context_len=coord.prompts.max_seq_len,
         max_turns=turns[0] if turns else 0,
         transcript_tokens=coord.max_new_tokens if turns else 0,
+        hidden_state=coord.prompts.hidden,
         temperature=cfg.temperature,
         staleness=cfg.staleness,
         heartbeat_s=cfg.heartbeat_s,
@@ -292,6 +294,7 @@ class Learner:
             status_extra=self.log.status,
             target_steps=cfg.steps,
             web_seed=self.publisher.web_seed,
+            episodes=episode_host(self.coord, self.model_dir),
         )
         with serving(app, self.sock, self.tls):
             (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))

@@ -5,14 +5,21 @@ the stream to the same position (`load_state`) means the same problems by the sa
 encoded once, by the learner's tokenizer, and leased as token ids. A prompt that cannot fit the learner's
 own sequence limit with max_new_tokens is skipped and counted; one that cannot fit a worker's context waits
 in the queue, in order, for a worker with a longer one.
+
+A task whose episodes hide state (`hidden_state`, learner/episode_host.py) is drawn with the run's seed mixed with
+a secret of the learner's, kept in its checkpoints: the seed is public (0 by default, or guessable), and the
+stream is the task's public code, so seed and prompt id alone would name every deal.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from echo2cli.tasks import Problem, Task
+from echo2cli.tasks.episodes import is_episodic
 
 MAX_DRAWS_PER_PROMPT = 16  # new prompts drawn in search of one that fits a worker's context
 
@@ -27,13 +34,22 @@ class PromptSource:
         max_seq_len: int | None,
         counters: Counter[str],
     ) -> None:
-        self._stream = task.prompts(seed, "train")
+        self.task, self.seed = task, seed
+        # an environment with hidden state is stepped by the learner (episode_host.py): its specs never leave it
+        self.hidden = bool(getattr(task, "hidden_state", False)) and is_episodic(task)
+        self.secret = secrets.token_hex(16) if self.hidden else None
+        self._stream = task.prompts(self._stream_seed(), "train")
         self.encode, self.max_new_tokens, self.max_seq_len = encode, max_new_tokens, max_seq_len
         self.problems: dict[int, Problem] = {}
         self.token_ids: dict[int, list[int]] = {}
         self.pending: deque[int] = deque()  # to lease again, oldest first
         self.skipped: set[int] = set()  # longer than the learner's own limit: never leased
         self.counters = counters  # the coordinator's totals: prompts_too_long
+
+    def _stream_seed(self) -> int:
+        if self.secret is None:
+            return self.seed
+        return int.from_bytes(hashlib.sha256(f"{self.seed}/{self.secret}".encode()).digest()[:8], "big")
 
     def next(self, context: int | None, done: Collection[int]) -> int | None:
         """The oldest queued prompt that fits a worker's context (prompt + max_new_tokens <= context), else a
@@ -77,10 +93,14 @@ class PromptSource:
         self.pending.extendleft(sorted(prompt_ids, reverse=True))
 
     def state_dict(self) -> dict:
-        return {"problems_drawn": len(self.problems), "pending": list(self.pending)}
+        secret = {} if self.secret is None else {"deal_secret": self.secret}
+        return {"problems_drawn": len(self.problems), "pending": list(self.pending), **secret}
 
     def load_state(self, state: dict, leased_out: list[int]) -> None:
         """Replay the stream to where it was; prompts that were leased out go first (their workers join again)."""
+        if self.secret is not None and state.get("deal_secret"):
+            self.secret = str(state["deal_secret"])
+            self._stream = self.task.prompts(self._stream_seed(), "train")
         for _ in range(int(state["problems_drawn"])):
             self.draw()
         self.pending = deque(leased_out + [int(i) for i in state["pending"]])

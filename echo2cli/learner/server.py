@@ -9,7 +9,9 @@ worker's torrent client puts in its announce URL (`/announce/{key}`) and its web
 broadcast/webseed.py). Read-only calls (status, policy,
 model files) take the join token or any live session token.
 401 = wrong or missing token; 403 = a token for another worker, or a worker cut off for invalid data;
-404 = unknown worker (join again); 413 = a body larger than this run ever needs; 422 = malformed body.
+404 = unknown worker (join again); 409 = an episode step out of turn or for a lease that ended; 413 = a body
+larger than this run ever needs; 422 = malformed body (every number is bounded: protocol.py); 429 = more web
+seed streams than a worker (or the learner) may have open, or a join past the most workers a learner holds.
 Credentials and body size are checked from the headers before any body is read (`guard.RequestGuard`);
 the handlers then check that a session token belongs to the worker it speaks for. With a join token set,
 /docs and /openapi.json need a token like every read-only call.
@@ -35,6 +37,7 @@ from echo2cli.broadcast.webseed import BusyError, RangeError, WebSeed
 from echo2cli.errors import ConfigError
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.credentials import same_secret
+from echo2cli.learner.episode_host import EpisodeHost, StepRefused
 from echo2cli.learner.fleet import FleetFull
 from echo2cli.learner.guard import SMALL_BODY, RequestGuard, rollout_body_limit
 from echo2cli.protocol import (
@@ -49,6 +52,8 @@ from echo2cli.protocol import (
     PolicyInfo,
     RolloutBatch,
     Status,
+    StepReply,
+    StepRequest,
     SubmitResult,
     compatible,
 )
@@ -71,24 +76,26 @@ def build_app(
     status_extra: Callable[[], dict[str, Any]],
     target_steps: int,
     web_seed: WebSeed | None = None,
+    episodes: EpisodeHost | None = None,
 ) -> FastAPI:
     """`join_info`: the run's settings every JoinResponse carries; `status_extra()`: the newest metrics and
-    recent history for /status (`Status.last_metrics`, `Status.history`)."""
+    recent history for /status (`Status.last_metrics`, `Status.history`); `episodes`: the environment the learner
+    steps for a task with hidden state (episode_host.py)."""
     app = FastAPI(title="echo2 learner", version="1")
     app.state.coord = coord
     gate = Gate(coord, token)
-    rollouts_limit = rollout_body_limit(coord.B, coord.G, coord.max_new_tokens)
-    app.add_middleware(
-        RequestGuard,
-        authorize=gate.authorize,
-        limit=lambda path: rollouts_limit if path == f"{API}/rollouts" else SMALL_BODY,
-    )
+    limits = {f"{API}/rollouts": rollout_body_limit(coord.B, coord.G, coord.max_new_tokens)}
+    if episodes is not None:  # a lease's episodes, one action each
+        limits[f"{API}/episodes/step"] = rollout_body_limit(coord.B, coord.G, episodes.turn_tokens)
+    app.add_middleware(RequestGuard, authorize=gate.authorize, limit=lambda path: limits.get(path, SMALL_BODY))
     app.add_exception_handler(RequestValidationError, _invalid_body)  # type: ignore[arg-type]
     app.include_router(_worker_routes(coord, gate, run_id, join_info))
     app.include_router(_reader_routes(coord, gate, run_id, model_dir, model_files, status_extra, target_steps))
     app.include_router(_tracker_routes(coord))
     if web_seed is not None:
         app.include_router(_web_seed_routes(coord, web_seed))
+    if episodes is not None:
+        app.include_router(_episode_routes(gate, episodes))
     return app
 
 
@@ -109,7 +116,9 @@ def _bearer(authorization: str | None) -> str:
 class Gate:
     """Who may call what: the join token (`token`, None = an open learner) and the workers' session tokens."""
 
-    WORKER_PATHS = frozenset({f"{API}/lease", f"{API}/rollouts", f"{API}/heartbeat", f"{API}/leave"})
+    WORKER_PATHS = frozenset(
+        {f"{API}/lease", f"{API}/rollouts", f"{API}/heartbeat", f"{API}/leave", f"{API}/episodes/step"}
+    )
 
     def __init__(self, coord: Coordinator, token: str | None) -> None:
         self.coord, self.token = coord, token
@@ -208,6 +217,21 @@ def _worker_routes(coord: Coordinator, gate: Gate, run_id: str, join_info: dict[
     def leave(req: LeaveRequest, authorization: str | None = Header(default=None)) -> dict[str, int]:
         gate.worker(req.worker_id, authorization)
         return {"returned_prompts": coord.leave(req.worker_id)}
+
+    return router
+
+
+def _episode_routes(gate: Gate, host: EpisodeHost) -> APIRouter:
+    router = APIRouter(prefix=API)
+
+    @router.post("/episodes/step")
+    def step(req: StepRequest, authorization: str | None = Header(default=None)) -> StepReply:
+        """The next observation of each of the worker's episodes, for a task whose environment hides state."""
+        gate.worker(req.worker_id, authorization)
+        try:
+            return StepReply(steps=host.step(req.worker_id, req.lease_id, req.actions))
+        except StepRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
 
     return router
 

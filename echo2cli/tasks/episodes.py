@@ -116,13 +116,31 @@ class Transcript:
 
 
 Generate = Callable[[list[list[int]], float, int], list[Any]]  # (prompts, temperature, max_new_tokens) -> Completion
+# (turn, [(episode index, the turn's policy tokens)]) -> [(done, the tokens that hand the model the next observation)]
+Steps = Callable[[int, list[tuple[int, list[int]]]], list[tuple[bool, list[int]]]]
+
+
+class LocalSteps:
+    """Episodes stepped here: a worker's own copies of an environment without hidden state, or `echo2 eval`'s.
+    (An environment with hidden state is stepped by the learner: worker/multiturn.LearnerSteps.)"""
+
+    def __init__(self, turns: Turns, episodes: Sequence[Episode]) -> None:
+        self.turns, self.episodes = turns, list(episodes)
+        for episode in self.episodes:
+            episode.reset()  # its first observation is the prompt
+
+    def __call__(self, turn: int, actions: list[tuple[int, list[int]]]) -> list[tuple[bool, list[int]]]:
+        out = []
+        for i, ids in actions:
+            step = self.episodes[i].step(self.turns.action(ids))
+            out.append((step.done, [] if step.done else self.turns.env_tokens(step.observation, ids)))
+        return out
 
 
 def play(
     generate: Generate,
-    turns: Turns,
+    steps: Steps,
     prompts: Sequence[list[int]],
-    episodes: Sequence[Episode],
     *,
     temperature: float,
     max_new_tokens: int,
@@ -130,28 +148,28 @@ def play(
     context_len: int,
     transcript_tokens: int,
 ) -> list[Transcript]:
-    """Play every episode to its end, all live ones batched into one engine call per turn. A transcript stops
-    early where the next turn could pass the engine's context or `transcript_tokens` (the learner's cap)."""
-    out = [Transcript() for _ in episodes]
-    for episode in episodes:
-        episode.reset()  # its first observation is the prompt
-    live = list(range(len(episodes)))
+    """Play every episode to its end, all live ones batched into one engine call and one `steps` call per turn. A
+    transcript stops early where the next turn could pass the engine's context or `transcript_tokens` (the
+    learner's cap)."""
+    out = [Transcript() for _ in prompts]
+    live = list(range(len(prompts)))
     for turn in range(max_turns):
         if not live:
             break
         completions = generate([prompts[i] + out[i].token_ids for i in live], temperature, max_new_tokens)
-        still = []
+        acting = []
         for i, c in zip(live, completions, strict=True):
-            t = out[i]
             if c is None:  # the engine cannot take this context: the transcript ends here
-                t.finish_reason = "context"
+                out[i].finish_reason = "context"
                 continue
-            t.add(c.token_ids, c.logprobs, policy=True)
-            step = episodes[i].step(turns.action(c.token_ids))
-            if step.done:
+            out[i].add(c.token_ids, c.logprobs, policy=True)
+            acting.append((i, list(c.token_ids)))
+        still = []
+        for (i, _), (done, env) in zip(acting, steps(turn, acting) if acting else [], strict=True):
+            t = out[i]
+            if done:
                 t.done, t.finish_reason = True, "done"
                 continue
-            env = turns.env_tokens(step.observation, c.token_ids)
             after = len(t.token_ids) + len(env) + max_new_tokens
             room = len(prompts[i]) + after <= context_len and after <= transcript_tokens
             if turn + 1 == max_turns or not room:

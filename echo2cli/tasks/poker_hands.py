@@ -182,6 +182,7 @@ class PokerHandsTask:
     unreadable or illegal answer does: "fold" (default) or "call" (check or call)."""
 
     name = "poker_hands"
+    hidden_state = True  # the spec is the deal's seed: the learner steps every hand (learner/episode_host.py)
     max_turns = 4
     max_new_tokens = 16  # per turn: one ACTION line
 

@@ -33,6 +33,8 @@ from echo2cli.protocol import (
     PolicyInfo,
     RolloutBatch,
     Status,
+    StepReply,
+    StepRequest,
     SubmitResult,
 )
 from echo2cli.tls import client_context
@@ -135,6 +137,10 @@ class LearnerClient:
 
     def submit(self, batch: RolloutBatch) -> SubmitResult:
         return self._call("POST", "/rollouts", batch, SubmitResult)
+
+    def step_episodes(self, req: StepRequest) -> StepReply:
+        """The next observation of each episode the learner steps (a task with hidden state)."""
+        return self._call("POST", "/episodes/step", req, StepReply)
 
     def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         return self._call("POST", "/heartbeat", hb, HeartbeatReply)

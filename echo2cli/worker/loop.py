@@ -39,7 +39,7 @@ from rich.console import Console
 
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import WorkerConfig
-from echo2cli.errors import BroadcastError, ProtocolError, SessionLost
+from echo2cli.errors import BroadcastError, LeaseLost, ProtocolError, SessionLost
 from echo2cli.hardware import has_cuda
 from echo2cli.layout import VERSIONS_DIR, WEIGHTS_FILE
 from echo2cli.metrics import MetricsWriter
@@ -114,11 +114,18 @@ def rollout_batch(worker_id: str, lease: Lease, groups: Sequence[Sequence[Comple
 
 
 def generate_lease(
-    engine: EngineLike, episodes: EpisodePlayer | None, lease: Lease, info: JoinResponse, context_len: int
+    engine: EngineLike,
+    episodes: EpisodePlayer | None,
+    lease: Lease,
+    info: JoinResponse,
+    context_len: int,
+    client: LearnerClient | None = None,
+    worker_id: str = "",
 ) -> Sequence[Sequence[Completion | Transcript]]:
-    """G completions of each leased prompt, or G played episodes of a multi-turn task."""
+    """G completions of each leased prompt, or G played episodes of a multi-turn task (`client`, `worker_id`: for
+    the episodes the learner steps)."""
     if episodes is not None:
-        return episodes.play(engine, lease, context_len)
+        return episodes.play(engine, lease, context_len, client, worker_id)
     prompts = [p.prompt_token_ids for p in lease.prompts]
     return engine.generate(prompts, n=info.group_size, temperature=info.temperature, max_new_tokens=info.max_new_tokens)
 
@@ -353,17 +360,18 @@ class Worker:
         except SessionLost as exc:
             self._rejoin(exc)
             stats.rejoins += 1
+        except LeaseLost as exc:  # the learner leases its prompts again
+            self.console.log(f"lease dropped: {exc}")
         return True
 
     def _generate(self, lease: Lease) -> RolloutBatch:
         assert self.engine is not None
         info = self.join_info
         t0 = time.perf_counter()
-        groups = generate_lease(self.engine, self.episodes, lease, info, self.context_len)
+        groups = generate_lease(self.engine, self.episodes, lease, info, self.context_len, self.client, self.worker_id)
         gen_s = time.perf_counter() - t0
         batch = rollout_batch(self.worker_id, lease, groups)
-        if batch.unservable:
-            n = len(batch.unservable)
+        if n := len(batch.unservable):
             self.console.log(f"{n} prompt(s) too long for the engine's context of {self.context_len}: handed back")
         self.tokens_per_s = sum(len(s.completion_token_ids) for s in batch.samples) / max(gen_s, 1e-9)
         if self.cfg.max_rollouts_per_s:  # emulate a slower GPU: the lease takes len/rate at least

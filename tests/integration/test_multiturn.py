@@ -1,6 +1,7 @@
-"""Multi-turn episodes end to end: a learner on whole poker hands, a real worker playing them with vLLM turn by
-turn, and a hostile client whose transcript carries forged environment tokens: rejected as `forged_env`, while
-the same transcript unforged is admitted. Nothing is faked but the hostile client's answers."""
+"""Multi-turn episodes end to end: a learner on whole poker hands (stepped by the learner: the deal is hidden), a
+real worker playing them with vLLM turn by turn, and a hostile client whose transcript carries forged environment
+tokens: rejected as `forged_env`, while the same transcript unforged is admitted. Nothing is faked but the hostile
+client's answers."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import JoinRequest, LeaseRequest, RolloutBatch, Sample
-from echo2cli.tasks import load_task
 from echo2cli.tasks.episodes import Turns, play
 from echo2cli.worker.client import LearnerClient
+from echo2cli.worker.multiturn import LearnerSteps
 
 pytestmark = pytest.mark.integration
 
@@ -25,30 +26,28 @@ G = 2
 STEPS = 2
 
 
-def transcripts(turns, lease, forge: bool) -> list[Sample]:
-    """G honest transcripts of each leased hand, answering 'call' every turn; one environment token changed if
-    `forge`."""
-    task = load_task("poker_hands", {"unreadable": "call"})
+def transcripts(client, worker_id, turns, lease, forge: bool) -> list[Sample]:
+    """G transcripts of each leased hand, answering 'call' every turn, the learner stepping the hands (poker hides
+    its deal); one environment token changed if `forge`."""
     eos = sorted(turns.eos_ids)[0]
     answer = turns.tokenizer.encode("ACTION: call", add_special_tokens=False) + [eos]
 
     class Said:
         token_ids, logprobs, finish_reason = answer, [-0.1] * len(answer), "stop"
 
+    played = play(
+        lambda batch, t, n: [Said() for _ in batch],
+        LearnerSteps(client, worker_id, lease, G, len(turns.tokenizer)),
+        [item.prompt_token_ids for item in lease.prompts for _ in range(G)],
+        temperature=1.0,
+        max_new_tokens=16,
+        max_turns=4,
+        context_len=4096,
+        transcript_tokens=4096,
+    )
     samples = []
-    for item in lease.prompts:
-        played = play(
-            lambda batch, t, n: [Said() for _ in batch],
-            turns,
-            [item.prompt_token_ids] * G,
-            [task.episode(item.episode) for _ in range(G)],
-            temperature=1.0,
-            max_new_tokens=16,
-            max_turns=4,
-            context_len=4096,
-            transcript_tokens=4096,
-        )
-        for i, t in enumerate(played):
+    for k, item in enumerate(lease.prompts):
+        for i, t in enumerate(played[k * G : (k + 1) * G]):
             ids = list(t.token_ids)
             if forge and 0 in t.policy_mask:
                 at = t.policy_mask.index(0) + 5
@@ -68,10 +67,9 @@ def transcripts(turns, lease, forge: bool) -> list[Sample]:
 def hostile_round(client, worker_id, turns, forge: bool):
     resp = client.lease(LeaseRequest(worker_id=worker_id, version=0, max_prompts=1))
     assert resp.status == "ok" and resp.lease is not None, resp
-    assert resp.lease.prompts[0].episode, "a multi-turn lease carries each hand's spec"
-    batch = RolloutBatch(
-        worker_id=worker_id, lease_id=resp.lease.lease_id, version=0, samples=transcripts(turns, resp.lease, forge)
-    )
+    assert resp.lease.prompts[0].episode is None, "a hand's deal never leaves the learner"
+    samples = transcripts(client, worker_id, turns, resp.lease, forge)
+    batch = RolloutBatch(worker_id=worker_id, lease_id=resp.lease.lease_id, version=0, samples=samples)
     return client.submit(batch)
 
 
@@ -92,7 +90,7 @@ def run(tmp_path_factory):
     turns = Turns(AutoTokenizer.from_pretrained(prepare_default_model()))
     client = LearnerClient(url, "t0k3n")
     joined = client.join(JoinRequest(name="mallory", echo2_version=__version__))
-    assert joined.max_turns == 4 and joined.transcript_tokens > 4 * 16
+    assert joined.max_turns == 4 and joined.transcript_tokens > 4 * 16 and joined.hidden_state
     honest = hostile_round(client, joined.worker_id, turns, forge=False)
     forged = hostile_round(client, joined.worker_id, turns, forge=True)
     hostile = {"honest": honest.model_dump(), "forged": forged.model_dump(), "worker_id": joined.worker_id}
