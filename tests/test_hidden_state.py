@@ -372,3 +372,32 @@ def test_a_lease_the_learner_no_longer_holds_ends_play_with_lease_lost(tmp_path,
     steps = LearnerSteps(client, joined.worker_id, lease, G, len(tok))
     with pytest.raises(LeaseLost, match="not in a live lease"):
         steps(0, [(0, turns.tokenizer.encode("ACTION: call", add_special_tokens=False))])
+
+
+def test_a_resumed_learner_deals_the_same_hands_under_the_same_prompt_ids_and_a_new_run_deals_others():
+    def coordinator():
+        return Coordinator(
+            PokerHandsTask(unreadable="call"),
+            encode_prompt=lambda messages: [ord(c) % 100 for c in messages[-1]["content"][:8]],
+            decode=lambda ids: "",
+            group_size=G,
+            staleness=1,
+            prompts_per_step=4,
+            max_new_tokens=4 * TURN_TOKENS + 3 * 512,
+            vocab_size=1000,
+            lease_timeout_s=60.0,
+            heartbeat_s=2.0,
+            seed=0,
+            turns=(4, TURN_TOKENS),
+        )
+
+    first = coordinator()
+    for _ in range(5):
+        first.prompts.draw()
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint holds it
+    resumed, other = coordinator(), coordinator()
+    resumed.load_state(state)
+    other.prompts.draw()
+    specs = [p.meta["episode"] for p in first.prompts.problems.values()]
+    assert [p.meta["episode"] for p in resumed.prompts.problems.values()] == specs
+    assert other.prompts.problems[0].meta["episode"] != specs[0]  # the same --seed, another secret
