@@ -358,3 +358,23 @@ def test_adapters_without_a_lora_spec_are_refused(tmp_path, learner):
     worker = joined_worker(tmp_path, learner, FakeNode(learner.published.root))
     with pytest.raises(BroadcastError, match="LoRA versions without a full base"):
         worker._start(worker.join_info)
+
+
+def test_a_learners_words_in_the_workers_log_are_text_not_markup_or_terminal_control(tmp_path, learner):
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    worker = Worker(
+        WorkerConfig(join="http://learner", work_dir=tmp_path / "w", verify_between_leases=True),
+        client=learner,
+        make_node=lambda key: FakeNode(learner.published.root),
+        make_engine=FakeEngine,
+        console=Console(file=out, width=300),
+    )
+    worker._open(worker._join())
+    worker._start(worker.join_info)
+    learner.lease_answers.append(LeaseResponse(status="standby", latest_version=0, detail="x[/] \x1b[2J[bold]"))
+    worker._work_once(Stats())  # a MarkupError here once
+    assert "standby: x[/] \\x1b[2J[bold]" in out.getvalue()

@@ -56,6 +56,7 @@ from echo2cli.protocol import (
     Sample,
 )
 from echo2cli.tasks.episodes import Transcript
+from echo2cli.textsafe import DETAIL_LEN, shown
 from echo2cli.tls import trust_for_torrents
 from echo2cli.units import mbps_to_bytes_per_s
 from echo2cli.worker.client import LearnerClient
@@ -185,7 +186,7 @@ class Worker:
         info = self.client.join(self._join_request())
         self.client.unreachable_s = cfg.learner_restart_s  # from now on, an absent learner may be restarting
         self.join_info, self.worker_id = info, info.worker_id
-        self.console.log(f"joined {cfg.join} as {self.worker_id} (run {info.run_id})")
+        self.console.log(f"joined {shown(cfg.join, DETAIL_LEN)} as {shown(self.worker_id)} (run {shown(info.run_id)})")
         return info
 
     def _join_request(self) -> JoinRequest:
@@ -312,7 +313,7 @@ class Worker:
             except SessionLost:
                 pass  # the learner restarted: the main loop joins again
             except Exception as exc:  # the main loop reports persistent failures; keep beating
-                self.console.log(f"heartbeat failed: {exc}")
+                self.console.log(f"heartbeat failed: {shown(exc, DETAIL_LEN)}")
 
     def _send_heartbeat(self) -> HeartbeatReply:
         assert self.store is not None
@@ -349,7 +350,7 @@ class Worker:
                 self._wait_download()
             elif resp.status == "standby":
                 if not self.standby:
-                    self.console.log(f"standby: {resp.detail}")
+                    self.console.log(f"standby: {shown(resp.detail, DETAIL_LEN)}")
                 stats.standby_s += 0.5
                 time.sleep(0.5)  # keep fetching and seeding versions; ask again
             else:
@@ -361,7 +362,7 @@ class Worker:
             self._rejoin(exc)
             stats.rejoins += 1
         except LeaseLost as exc:  # the learner leases its prompts again
-            self.console.log(f"lease dropped: {exc}")
+            self.console.log(f"lease dropped: {shown(exc, DETAIL_LEN)}")
         return True
 
     def _generate(self, lease: Lease) -> RolloutBatch:
@@ -382,7 +383,7 @@ class Worker:
         """The learner restarted and forgot us: join again, keeping the engine and the versions we hold.
         A lease in progress was lost with the old session; the resumed learner leases its prompts again."""
         assert self.store is not None and self.node is not None
-        self.console.log(f"{why}: joining again")
+        self.console.log(f"{shown(why, DETAIL_LEN)}: joining again")
         cfg = self.cfg
         info = self.client.join(self._join_request())
         if info.run_id != self.join_info.run_id:
@@ -396,7 +397,7 @@ class Worker:
             behind = self.store.ahead_of(info.policy.version)
             if behind:  # versions after the learner's checkpoint no longer exist: go back to its latest
                 self.store.go_back(info.policy)
-        self.console.log(f"joined again as {self.worker_id}; the learner is at version {info.policy.version}")
+        self.console.log(f"joined again as {shown(self.worker_id)}; the learner is at version {info.policy.version}")
         if behind:
             self._wait_download()
             self._swap_if_ready()
