@@ -37,7 +37,7 @@ from echo2cli.hardware import compute_dtype, has_cuda
 from echo2cli.lora import vllm_rank
 from echo2cli.protocol import LoraSpec
 from echo2cli.worker.reaper import start_reaper
-from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV
+from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV, STORE_DIR_ENV
 
 # How long vLLM's model-runner process busy-waits for the next message before it sleeps (vLLM's own: 1 s).
 # Decode steps come a few ms apart, so generation keeps the fast path; an engine between leases or on standby
@@ -46,12 +46,14 @@ ENGINE_BUSY_LOOP_S = 0.05
 
 
 def socket_dir() -> None:
-    """Give vLLM's ZMQ sockets (files it names in VLLM_RPC_BASE_PATH, default /tmp, and never removes) one
-    directory per process, removed when the process exits. Set once, so every engine of the process (and the
-    processes each spawns) agrees on it even where vLLM caches its environment."""
+    """Give vLLM's ZMQ sockets (files it names in VLLM_RPC_BASE_PATH, default /tmp, and never removes) and its
+    executors' FileStore (vllm_plugin.py) one directory per process, removed when the process exits. Set once, so
+    every engine of the process (and the processes each spawns) agrees on it even where vLLM caches its
+    environment."""
     if "VLLM_RPC_BASE_PATH" not in os.environ:
         path = tempfile.mkdtemp(prefix="echo2-vllm-")
         os.environ["VLLM_RPC_BASE_PATH"] = path
+        os.environ.setdefault(STORE_DIR_ENV, path)
         atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 

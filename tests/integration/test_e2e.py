@@ -206,7 +206,7 @@ def test_the_divergence_guard_flags_the_run_and_sizes_leases_with_a_lower_s(run)
     guard = [d for d in read_metrics(run / "decisions.jsonl") if d.get("kind") == "staleness"]
     # its first verdict is on the median of steps 0-2
     assert [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in guard] == [(2, "lower", S, 0)]
-    assert "behaviour KL" in guard[0]["reasons"][0]
+    assert any("behaviour KL" in reason for reason in guard[0]["reasons"])  # the ESS may fall below its bound too
     assert "leases now sized with S = 0" in (run / "learner.log").read_text()
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["guard/staleness_effective"] for r in rows] == [S, S, 0]
