@@ -1,8 +1,35 @@
+import shutil
+
 import pytest
 
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.protocol import RolloutBatch, Sample
 from echo2cli.tasks.arithmetic import ArithmeticTask
+
+FAILED_MODULES: set[str] = set()  # modules with a failed test (or fixture): their directories are kept to look at
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        FAILED_MODULES.add(item.module.__name__)
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_dirs_removed(request, tmp_path_factory):
+    """What a module's tests wrote under pytest's base directory goes when the module ends, if all of them passed.
+    pytest itself removes a passing test's `tmp_path` at once but keeps a module fixture's `mktemp` directory until
+    the session ends: a run of the whole suite then held every integration run's checkpoints and versions at once
+    (6 GB for the sharded learner alone) on a disk that may have a few GB free."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.module.__name__ in FAILED_MODULES:
+        return
+    for path in set(base.iterdir()) - before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_clock():

@@ -56,8 +56,29 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
             kill_group(p)
 
 
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.5) -> None:
+def wait_for(
+    predicate,
+    timeout_s: float,
+    what: str,
+    poll_s: float = 0.5,
+    *,
+    running: tuple[subprocess.Popen, ...] = (),
+    logs: tuple[Path, ...] = (),
+) -> None:
+    """Poll until `predicate()`. Fail past `timeout_s`, or at once when one of `running` has exited, with the last
+    lines of each of `logs` (what the processes said is all a CI log keeps of a run that stalled)."""
     deadline = time.time() + timeout_s
     while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        ended = [p.args for p in running if p.poll() is not None]
+        if ended or time.time() >= deadline:
+            why = f"{ended} exited" if ended else "timed out"
+            tails = "".join(f"\n--- {log} (last 3,000 characters)\n{log_tail(log)}" for log in logs)
+            raise AssertionError(f"{why} waiting for {what}{tails}")
         time.sleep(poll_s)
+
+
+def log_tail(log: Path, chars: int = 3000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return f"(unreadable: {exc})"

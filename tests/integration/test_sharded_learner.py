@@ -56,7 +56,13 @@ def run(tmp_path_factory):
             + ["--work-dir", str(out / "w0"), "--bt-listen", "127.0.0.1:0", "--kv-cache-gib", "0.5"],
             out / "worker.log",
         )
-        wait_for(lambda: (checkpoint_dir(out, 2) / STATE_FILE).exists(), 600, "the step-2 checkpoint")
+        wait_for(
+            lambda: (checkpoint_dir(out, 2) / STATE_FILE).exists(),
+            600,
+            "the step-2 checkpoint",
+            running=(learner, worker),
+            logs=(out / "learner.log", out / "worker.log"),
+        )
         report["ranks_before_kill"] = len(ranks_alive(out))
         kill_group(learner)  # torchrun itself, with SIGKILL: its ranks must not outlive it
         wait_for(lambda: not ranks_alive(out), 30, "the learner's ranks to exit with torchrun")
