@@ -1,6 +1,7 @@
-"""T_train of one GRPO step on the default model: echo2's step (each group's shared prompt run once, the
-vocabulary projection on completion positions only) against the same step with every sequence run whole, and
-against the full-vocabulary projection on every position too (the baselines these replace).
+"""T_train of one GRPO step on the default model: echo2's step (a packed micro-batch with each group's shared
+prompt run once, the vocabulary projection on completion positions only) against the same packed step with every
+sequence run whole, and against a right-padded batch with the full-vocabulary projection on every position (the
+baselines these replace).
 
     .venv/bin/python scripts/bench_train.py [--prompts 4] [--group-size 8] [--completion-tokens 12] [--repeats 3]
 
@@ -23,11 +24,21 @@ from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 
 
-def full_projection_logp(self, model, ids, attn, mask):
+def full_projection_logp(self, model, pack):
+    """The rows right-padded in one batch, every position projected onto the vocabulary; completion-aligned."""
     model = model.model if isinstance(model, TokenLogp) else model  # the causal LM inside
+    length = max(len(r[0]) + len(r[1]) for r in pack.rows)
+    ids = torch.zeros((len(pack.rows), length), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, (p, c, *_) in enumerate(pack.rows):
+        ids[i, : len(p) + len(c)], attn[i, : len(p) + len(c)] = torch.tensor(p + c), 1
     with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    return -F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * mask
+    logp = -F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    out = torch.zeros(pack.shape)
+    for i, (p, c, *_) in enumerate(pack.rows):
+        out[i, : len(c)] = logp[i, len(p) - 1 : len(p) + len(c) - 1]
+    return out * pack.mask
 
 
 def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Group]:
@@ -61,7 +72,7 @@ def main() -> None:
     )
     groups = make_groups(args.prompts, args.group_size, args.completion_tokens)
     trainer.step(groups)  # warm-up
-    echo2, whole, full = "shared prompts (echo2)", "each sequence whole", "full projection (baseline)"
+    echo2, whole, full = "packed, shared prompts (echo2)", "packed, each sequence whole", "padded, full projection"
     times: dict[str, list[float]] = {echo2: [], whole: [], full: []}
     original = Trainer._token_logp
     for _ in range(args.repeats):

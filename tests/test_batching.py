@@ -35,3 +35,12 @@ def test_micro_batches_keep_a_group_together_where_the_limits_allow():
     chunks = micro_batches(range(8), lengths, max_tokens=150, max_seqs=4, groups=groups)
     for c in chunks:
         assert len(c) * max(lengths[i] for i in c) <= 150
+
+
+def test_a_packed_budget_counts_the_tokens_of_the_packed_row_a_shared_prompt_once():
+    lengths = [10, 10, 10, 10]  # two groups of two: prompts of 6 tokens, completions of 4
+    groups, prompts = [0, 0, 1, 1], [6, 6, 6, 6]
+    assert micro_batches(range(4), lengths, 14, 8, groups, packed=True, prompt_lengths=prompts) == [[0, 1], [2, 3]]
+    assert micro_batches(range(4), lengths, 14, 8, groups, packed=True) == [[0], [1], [2], [3]]  # no prompt known
+    assert micro_batches(range(4), [9, 3, 3, 3], 12, 8, packed=True) == [[0, 1], [2, 3]]  # no padding counted
+    assert micro_batches(range(4), [9, 3, 3, 3], 12, 8) == [[0], [1, 2, 3]]  # padded: 2 x 9 > 12

@@ -70,14 +70,14 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it():
 
 
 def test_worst_tokens_names_the_largest_gaps_by_completion_position():
-    # two rows; completions start at column 1 (row 0) and column 2 (row 1); column 0 of row 1 is prompt
-    logp = torch.tensor([[0.0, -1.0, -2.0, -0.5], [-9.0, 0.0, -1.0, -12.0]])
-    behaviour = torch.tensor([[0.0, -1.1, -2.0, -0.5], [0.0, 0.0, -1.0, -2.0]])
-    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
-    top = worst_tokens(logp, behaviour, mask, k=2)
-    assert [(r, p) for r, p, _ in top] == [(1, 1), (0, 0)]  # the -9 gap sits in the prompt: not counted
-    assert top[0][2] == pytest.approx(-10.0) and top[1][2] == pytest.approx(0.1)
-    assert worst_tokens(logp, behaviour, torch.zeros_like(mask)) == []
+    # two rows, completion-aligned: column j is completion token j; row 1's token 0 has no loss (mask 0)
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-9.0, -1.0, -12.0]])
+    behaviour = torch.tensor([[-1.1, -2.0, -0.5], [0.0, -1.0, -2.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    log_w, rows, positions = worst_tokens(logp, behaviour, mask, k=2)
+    assert list(zip(rows.tolist(), positions.tolist(), strict=True)) == [(1, 2), (0, 0)]  # the -9 gap has no loss
+    assert log_w.tolist() == pytest.approx([-10.0, 0.1])
+    assert all(len(t) == 0 for t in worst_tokens(logp, behaviour, torch.zeros_like(mask)))
 
 
 # -- off-policy corrections against hand-computed values: 2 sequences x 2 tokens, A = [+1, -1] ---------------

@@ -44,13 +44,12 @@ def logp_of(trainer, prompt, completion):
 def test_completion_logp_matches_a_full_forward_pass(tiny_model_dir):
     tr = make_trainer(tiny_model_dir)
     rows = [([5, 6, 7], [8, 9], [-1.0, -1.0]), ([5], [10, 11, 12], [-1.0] * 3)]
-    ids, attn, mask, _ = tr._collate(rows)
     with torch.no_grad():
-        got = tr._token_logp(tr.model, ids, attn, mask)
+        got = tr._token_logp(tr.model, tr._pack(rows))
     atol = 5e-2 if tr.autocast else 1e-5  # bf16 autocast (CUDA) against the fp32 forward here
     for i, (p, c, _) in enumerate(rows):
         expected = logp_of(tr, p, c)
-        assert torch.allclose(got[i][mask[i].bool()], expected, atol=atol)
+        assert torch.allclose(got[i, : len(c)], expected, atol=atol)
 
 
 def test_a_step_makes_the_rewarded_completion_more_likely(tiny_model_dir):
@@ -82,9 +81,8 @@ def test_tokens_are_scored_at_the_sampling_temperature(tiny_model_dir):
     tr = make_trainer(tiny_model_dir)
     tr.temperature = 0.5
     prompt, completion = [5, 6, 7], [8, 9]
-    ids, attn, mask, _ = tr._collate([(prompt, completion, [-1.0, -1.0])])
     with torch.no_grad():
-        got = tr._token_logp(tr.model, ids, attn, mask)[0][mask[0].bool()]
+        got = tr._token_logp(tr.model, tr._pack([(prompt, completion, [-1.0, -1.0])]))[0]
         seq = torch.tensor([prompt + completion], device=tr.device)
         logits = tr.model(input_ids=seq).logits[0, :-1].float() / 0.5
     expected = torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0][len(prompt) - 1 :]
@@ -102,8 +100,7 @@ def test_the_head_in_chunks_gives_the_same_log_probs_and_gradients(tiny_model_di
         monkeypatch.setattr(trainer_module, "LOGIT_CHUNK", chunk)
         tr = make_trainer(tiny_model_dir)
         tr.autocast = False
-        ids, attn, mask, _ = tr._collate(rows)
-        logp = tr._token_logp(tr.policy, ids, attn, mask)
+        logp = tr._token_logp(tr.policy, tr._pack(rows))
         logp.sum().backward()
         results.append((logp.detach(), [p.grad.clone() for p in tr.model.parameters()]))
     (a, grads_a), (b, grads_b) = results
@@ -129,9 +126,8 @@ def test_a_shared_prompt_run_once_gives_the_same_log_probs_and_gradients(tiny_mo
     for share in (False, True):
         tr = make_trainer(tiny_model_dir)
         tr.autocast = False
-        policy = TokenLogp(tr.model, share_prompts=share)
-        ids, attn, mask, _ = tr._collate(SHARED_ROWS)
-        logp = tr._token_logp(policy, ids, attn, mask)
+        policy = tr.policy = TokenLogp(tr.model, share_prompts=share)
+        logp = tr._token_logp(policy, tr._pack(SHARED_ROWS))
         (logp * torch.arange(logp.numel()).reshape(logp.shape)).sum().backward()  # every position counts
         results.append((logp.detach(), [p.grad.clone() for p in tr.model.parameters()]))
     (a, grads_a), (b, grads_b) = results
@@ -141,18 +137,17 @@ def test_a_shared_prompt_run_once_gives_the_same_log_probs_and_gradients(tiny_mo
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
 
-def test_no_prompt_is_shared_when_none_repeats_or_a_row_has_no_completion(tiny_model_dir):
-    from echo2cli.learner.trainer import TokenLogp
-
+def test_a_packed_micro_batch_holds_each_distinct_prompt_once_and_no_pad_token(tiny_model_dir):
     tr = make_trainer(tiny_model_dir)
-    policy = TokenLogp(tr.model)
     distinct = [([5, 6], [7], [-1.0]), ([5, 6, 7], [8], [-1.0])]  # one is a prefix of the other: still distinct
-    assert policy._prompt_plan(*tr._collate(distinct)[:3]) is None
-    ids, attn, mask, _ = tr._collate(SHARED_ROWS)
-    mask[0] = 0  # a row that scores nothing
-    assert policy._prompt_plan(ids, attn, mask) is None
-    prompt_lens, owner, heads = policy._prompt_plan(*tr._collate(SHARED_ROWS)[:3])
-    assert prompt_lens == [4, 2, 4, 1, 2, 4] and owner == [0, 1, 0, 2, 1, 0] and heads == [0, 1, 3]
+    assert tr._pack(distinct).n_prompt_tokens == 5
+    pack = tr._pack(SHARED_ROWS)
+    assert pack.n_prompt_tokens == 4 + 2 + 1  # three distinct prompts, each once
+    assert pack.tokens == 7 + sum(len(c) for _, c, _ in SHARED_ROWS)
+    assert pack.position_ids[0, :7].tolist() == [0, 1, 2, 3, 0, 1, 0]
+    assert pack.position_ids[0, 7:10].tolist() == [4, 5, 6]  # row 0's completion continues after its prompt
+    tr.policy.share_prompts = False
+    assert tr._pack(SHARED_ROWS).n_prompt_tokens == sum(len(p) for p, _, _ in SHARED_ROWS)
 
 
 def test_a_step_with_shared_prompts_moves_the_weights_like_one_without(tiny_model_dir):
@@ -203,14 +198,14 @@ def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):
     assert m["train/is_ess"] == pytest.approx(1.0, abs=1e-4) and m["train/masked_frac"] == 0.0
 
 
-def test_a_transcripts_environment_tokens_carry_no_loss_and_share_no_prompt(tiny_model_dir):
-    from echo2cli.learner.trainer import TokenLogp
-
+def test_a_transcripts_environment_tokens_carry_no_loss(tiny_model_dir):
     tr = make_trainer(tiny_model_dir)
     row = ([5, 6], [7, 8, 9, 10, 11], [-1.0, -1.0, 0.0, 0.0, -1.0], [1, 1, 0, 0, 1])  # policy, env, policy
-    ids, attn, mask, _ = tr._collate([row, row])
-    assert mask[0].tolist() == [0, 1, 1, 0, 0, 1]
-    assert TokenLogp(tr.model)._prompt_plan(ids, attn, mask) is None  # holes in the mask: the plain pass
+    pack = tr._pack([row, row])
+    assert pack.mask[0].tolist() == [1, 1, 0, 0, 1] and pack.loss_tokens == 2 * 3
+    with torch.no_grad():
+        logp = tr._token_logp(tr.model, pack)
+    assert torch.equal(logp[0] != 0, pack.mask[0] > 0)  # the environment's tokens are not scored
     samples = [
         Sample(prompt_id=0, sample_idx=i, completion_token_ids=row[1], logprobs=row[2], policy_mask=row[3])
         for i in range(2)

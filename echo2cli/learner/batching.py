@@ -29,9 +29,13 @@ def micro_batches(
     max_tokens: int,
     max_seqs: int,
     groups: Sequence[int] | None = None,
+    packed: bool = False,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """`indices` cut into micro-batches of at most `max_seqs` sequences whose padded size (count x longest)
-    stays within `max_tokens` (0 = no token budget). A sequence longer than the budget goes alone.
+    """`indices` cut into micro-batches of at most `max_seqs` sequences whose size stays within `max_tokens`
+    (0 = no token budget): padded, count x longest; `packed`, the tokens of their packed row, which with `groups`
+    and `prompt_lengths` counts each group's prompt once (a packed micro-batch runs a shared prompt once,
+    `packing.py`). A sequence longer than the budget goes alone.
 
     Sequences are taken longest first, so those padded together have similar lengths. With `groups` (a group
     id per sequence, e.g. the prompt it answers) a group's sequences are taken one after another, groups
@@ -47,8 +51,11 @@ def micro_batches(
     out: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        longest = max([lengths[j] for j in current] + [lengths[i]])
-        fits = len(current) < max_seqs and (max_tokens <= 0 or (len(current) + 1) * longest <= max_tokens)
+        if packed:
+            size = _packed_size(current + [i], lengths, groups, prompt_lengths)
+        else:
+            size = (len(current) + 1) * max([lengths[j] for j in current] + [lengths[i]])
+        fits = len(current) < max_seqs and (max_tokens <= 0 or size <= max_tokens)
         if current and not fits:
             out.append(current)
             current = []
@@ -56,3 +63,18 @@ def micro_batches(
     if current:
         out.append(current)
     return out
+
+
+def _packed_size(
+    members: list[int], lengths: Sequence[int], groups: Sequence[int] | None, prompt_lengths: Sequence[int] | None
+) -> int:
+    """Tokens of a packed micro-batch: every sequence's length, less the repeats of a group's shared prompt."""
+    total = sum(lengths[j] for j in members)
+    if groups is None or prompt_lengths is None:
+        return total
+    seen: set[int] = set()
+    for j in members:
+        if groups[j] in seen:
+            total -= prompt_lengths[j]
+        seen.add(groups[j])
+    return total

@@ -124,9 +124,10 @@ def grpo_loss(
     off_policy: str = "token_tis",
     geo_low: float = 0.99,
     geo_high: float = 1.01,
-) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """logp, behaviour_logp, mask, ref_logp: [N, T]; advantages: [N]. Returns (loss, metrics, per-row sums):
-    metrics are means over the completion tokens; the per-row sums ([N] each: tokens, KL, w, w^2, clipped and
+    metrics are means over the completion tokens, 0-d tensors on logp's device (the trainer reads a step's
+    metrics back once, not once per micro-batch); the per-row sums ([N] each: tokens, KL, w, w^2, clipped and
     dropped tokens) let the caller total any grouping of rows, such as by staleness."""
     mask = mask.to(logp.dtype)
     n_tokens = mask.sum().clamp(min=1.0)
@@ -135,7 +136,7 @@ def grpo_loss(
     params = {"clip_eps": clip_eps, "is_cap": is_cap, "geo_low": geo_low, "geo_high": geo_high}
     out = CORRECTIONS[off_policy](log_w, adv, mask, params)
     per_token = -out.obj
-    kl = torch.zeros((), dtype=logp.dtype)
+    kl = torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
         k3 = torch.exp(d) - d - 1  # Schulman's unbiased, non-negative KL estimator
@@ -159,36 +160,34 @@ def grpo_loss(
             "dropped": per_row(out.dropped),
         }
         metrics = {
-            "train/loss": float(loss),
-            "train/clipfrac": float(rows["clipped"].sum() / n_tokens),
-            "train/is_weight_mean": float(rows["w"].sum() / n_tokens),
-            "train/is_weight_sq_mean": float(rows["w_sq"].sum() / n_tokens),
-            "train/is_weight_max": float(torch.where(mask > 0, w, 0).max()),
-            "train/is_truncated_frac": float(rows["truncated"].sum() / n_tokens),
-            "train/masked_frac": float(rows["dropped"].sum() / n_tokens),
-            "train/kl_behaviour": float(rows["kl_behaviour"].sum() / n_tokens),
-            "train/kl_ref": float(kl),
+            "train/loss": loss.detach(),
+            "train/clipfrac": rows["clipped"].sum() / n_tokens,
+            "train/is_weight_mean": rows["w"].sum() / n_tokens,
+            "train/is_weight_sq_mean": rows["w_sq"].sum() / n_tokens,
+            "train/is_weight_max": torch.where(mask > 0, w, 0).max(),
+            "train/is_truncated_frac": rows["truncated"].sum() / n_tokens,
+            "train/masked_frac": rows["dropped"].sum() / n_tokens,
+            "train/kl_behaviour": rows["kl_behaviour"].sum() / n_tokens,
+            "train/kl_ref": kl.detach(),
         }
     return loss, metrics, rows
 
 
-def worst_tokens(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, k: int = 3) -> list[tuple]:
-    """The k completion tokens where trainer and behaviour log-probs differ most, most first.
+def worst_tokens(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, k: int = 3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k completion tokens where trainer and behaviour log-probs differ most, most first, as device tensors
+    (log_w, row, position) with log_w = logp - behaviour_logp; [N, C] inputs are completion-aligned, so a
+    position is the token's index in its completion. Fewer than k come back where fewer tokens have a loss:
+    the caller reads them back with the step's other metrics, no host sync here.
 
-    Returns (row, position, log_w) with log_w = logp - behaviour_logp; position counts completion tokens from 0.
     A token the trainer finds far less likely than the engine said (log_w << 0) is what makes
     `train/kl_behaviour` (mean of exp(-log_w) + log_w - 1) spike: one token at log_w = -10 adds 22,000 to the
     sum. Same-version noise measured 0.36 nats at most (docs/BENCHMARKS.md), so anything past a few nats is
     staleness or a real disagreement worth a look.
     """
-    logp = logp.detach()
-    gap = torch.where(mask > 0, (logp - behaviour_logp).abs(), -1.0)
-    top = torch.topk(gap.flatten(), min(k, gap.numel()))
-    first = mask.to(torch.long).argmax(dim=1)  # each row's first completion position
-    out = []
-    for value, flat in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-        if value < 0:
-            break
-        row, col = divmod(flat, gap.shape[1])
-        out.append((row, col - int(first[row]), float(logp[row, col] - behaviour_logp[row, col])))
-    return out
+    log_w = (logp.detach() - behaviour_logp).flatten()
+    gap = torch.where(mask.flatten() > 0, log_w.abs(), -1.0)
+    top = torch.topk(gap, min(k, gap.numel()))
+    keep = top.indices[top.values >= 0]  # a dynamic shape: fine eagerly, the tensor stays on the device
+    return log_w[keep], keep // mask.shape[1], keep % mask.shape[1]

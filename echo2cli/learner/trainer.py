@@ -31,6 +31,7 @@ from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.packing import Pack, use_packed_attention, varlen_works
 from echo2cli.learner.types import Group
 from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
@@ -38,6 +39,25 @@ from echo2cli.protocol import LoraSpec, Sample
 
 def _autocast_ok(device: torch.device) -> bool:
     return device.type == "cuda" or cpu_has_bf16()
+
+
+def _load(model_dir: Path, device: torch.device) -> torch.nn.Module:
+    """The causal LM in `model_dir`, in fp32 on `device`; a ModelError naming the cause if it does not load."""
+    from transformers import AutoModelForCausalLM
+
+    from echo2cli.errors import ModelError
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"model in {model_dir} does not load: {first}") from exc
+
+
+def _loss_tokens(row: tuple) -> int:
+    """A row's tokens with a loss: its completion, less a transcript's environment tokens (policy mask 0)."""
+    policy = row[3] if len(row) > 3 else None
+    return len(row[1]) if policy is None else sum(policy)
 
 
 def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
@@ -60,10 +80,10 @@ def _outlier(g: Group, s: Sample, pos: int, log_w: float) -> dict[str, Any]:
 LAG_PREFIX = "offpolicy_sum/"  # raw per-staleness sums inside a step's metrics until `split_by_lag`
 
 
-def add_by_lag(sums: dict[str, float], rows: dict[str, torch.Tensor], lags: list[int]) -> None:
-    """Add a micro-batch's per-row sums (`grpo_loss`) into `sums` under LAG_PREFIX<lag>/<name>."""
+def add_by_lag(sums: dict[str, float], rows: dict[str, list[float]], lags: list[int]) -> None:
+    """Add per-row sums (`grpo_loss`, read back) into `sums` under LAG_PREFIX<lag>/<name>."""
     for name, values in rows.items():
-        for lag, v in zip(lags, values.tolist(), strict=True):
+        for lag, v in zip(lags, values, strict=True):
             key = f"{LAG_PREFIX}{lag}/{name}"
             sums[key] = sums.get(key, 0.0) + v
 
@@ -101,27 +121,33 @@ LOGIT_CHUNK = 2048  # completion positions whose vocabulary logits exist at once
 
 
 class TokenLogp(torch.nn.Module):
-    """A causal LM scoring its completion tokens: the log-prob of each masked next token at temperature T.
+    """A causal LM scoring its completion tokens: the log-prob of each policy token at temperature T.
 
-    The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs only on
-    completion positions: prompt positions carry no loss, and prompts are most of the tokens. Past LOGIT_CHUNK
-    positions it runs a chunk at a time and again in the backward pass (activation checkpointing of the head
-    alone): the fp32 logits of a 16k-token completion over a 150k vocabulary would otherwise take ~10 GB per
-    copy. One module with one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
+    The micro-batch comes packed (`packing.Pack`): no pad tokens, each distinct prompt run once for all the
+    samples that share it (with `share_prompts`; otherwise once per sample), gradients flowing back into it from
+    every completion. The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs
+    only on the positions that predict a policy token, in fp32 (TF32 on CUDA): bf16 logits would be rounded by
+    up to 0.06 at a logit of 16, a log-prob error of the size the off-policy weights are meant to see. Past
+    LOGIT_CHUNK positions it runs a chunk at a time and again in the backward pass (activation checkpointing of
+    the head alone): the fp32 logits of a 16k-token completion over a 150k vocabulary would otherwise take
+    ~10 GB per copy. One module with one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
 
     def __init__(self, model: torch.nn.Module, share_prompts: bool = True) -> None:
         super().__init__()
         self.model = model
         self.share_prompts = share_prompts
 
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-        where = mask.bool()
-        targets = ids[:, 1:][where]
-        plan = self._prompt_plan(ids, attn, mask) if self.share_prompts else None
-        if plan is None:
-            picked = self.model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1][where]
-        else:
-            picked = self._shared_prompt_hidden(ids, attn, *plan)
+    def forward(self, pack: Pack, temperature: float) -> torch.Tensor:
+        """[N, C] log-probs, completion-aligned (column j = completion token j); 0 where the policy mask is 0."""
+        if pack.input_ids.is_cuda:  # decided here, once, not inside a layer that activation checkpointing reruns
+            cfg = self.model.config
+            dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+            varlen_works(pack.input_ids.device, dtype, cfg.num_attention_heads, cfg.num_key_value_heads)
+        hidden = self.model.get_decoder()(
+            input_ids=pack.input_ids, position_ids=pack.position_ids, use_cache=False, echo2_pack=pack
+        ).last_hidden_state[0]
+        picked = hidden.index_select(0, pack.pick)
+        targets = pack.targets
         if len(targets) <= LOGIT_CHUNK:
             logp = self._logp(picked, targets, temperature)
         else:
@@ -138,81 +164,44 @@ class TokenLogp(torch.nn.Module):
                 for i in range(0, len(targets), LOGIT_CHUNK)
             ]
             logp = torch.cat(parts)
-        out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        out[where] = logp
-        return out
-
-    def _prompt_plan(
-        self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[list[int], list[int], list[int]] | None:
-        """Each row's prompt length, the index of its prompt among the distinct ones, and the first row of each
-        distinct prompt; None when no prompt repeats (nothing to share) or sharing cannot apply: a row without
-        completion tokens, or activation checkpointing (it recomputes layers, which would grow the cache twice)."""
-        if getattr(self.model, "is_gradient_checkpointing", False):
-            return None
-        counts = mask.sum(1).tolist()
-        if min(counts) < 1:
-            return None
-        prompt_lens = (mask.argmax(1) + 1).tolist()  # mask starts at the target of the first completion token
-        if [n + p - 1 for n, p in zip(counts, prompt_lens, strict=True)] != (attn.sum(1) - 1).tolist():
-            return None  # a transcript's environment tokens leave holes in the mask: its rows are not all loss
-        rows = ids.tolist()
-        first: dict[tuple[int, ...], int] = {}
-        owner = [first.setdefault(tuple(r[:n]), len(first)) for r, n in zip(rows, prompt_lens, strict=True)]
-        if len(first) == len(rows):
-            return None
-        heads = [0] * len(first)
-        for row in reversed(range(len(rows))):
-            heads[owner[row]] = row
-        return prompt_lens, owner, heads
-
-    def _shared_prompt_hidden(
-        self, ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int], owner: list[int], heads: list[int]
-    ) -> torch.Tensor:
-        """The hidden states `forward` projects, computed with each distinct prompt run once: the G samples of a
-        GRPO group share their prompt, so its positions need not be computed (forward and backward) G times.
-
-        The prompts run as one batch whose key/value cache is then repeated for each row that shares it; the
-        completions run against that cache, with positions continuing after their own prompt. Gradients flow
-        back through the repeated cache into the prompt pass, so the result equals the plain pass up to float
-        rounding. Rows come back in `forward`'s order: the last prompt position, then each completion position
-        but the last, row by row."""
-        from transformers import DynamicCache
-
-        dev = ids.device
-        decoder = self.model.get_decoder()
-        p_len = max(prompt_lens[h] for h in heads)
-        prompts = ids[heads, :p_len].clone()
-        p_attn = attn[heads, :p_len].clone()
-        for u, h in enumerate(heads):  # right-padded; a longer prompt's tokens past this one's end are masked
-            p_attn[u, prompt_lens[h] :] = 0
-        first = decoder(input_ids=prompts, attention_mask=p_attn, use_cache=True)
-        rows = torch.tensor(owner, device=dev)
-        cache = DynamicCache(
-            ddp_cache_data=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v, *_ in first.past_key_values],
-            config=self.model.config,
-        )
-        lens = torch.tensor(prompt_lens, device=dev)
-        seq_lens = attn.sum(1)
-        c_len = int((seq_lens - lens).max())
-        cols = torch.arange(c_len, device=dev)
-        gather = (lens[:, None] + cols[None]).clamp(max=ids.shape[1] - 1)
-        in_completion = cols[None] < (seq_lens - lens)[:, None]
-        completions = torch.where(in_completion, ids.gather(1, gather), torch.zeros_like(gather))
-        second = decoder(
-            input_ids=completions,
-            attention_mask=torch.cat([p_attn[rows], in_completion.long()], dim=1),
-            position_ids=lens[:, None] + cols[None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        last_prompt = first.last_hidden_state[torch.arange(len(heads), device=dev), lens[heads] - 1]
-        hidden = torch.cat([last_prompt[rows][:, None], second.last_hidden_state[:, :-1]], dim=1)
-        return hidden[in_completion]
+        out = torch.zeros(pack.shape, dtype=torch.float32, device=logp.device)
+        return out.index_put((pack.slot // pack.shape[1], pack.slot % pack.shape[1]), logp)  # not a view: FSDP2
 
     def _logp(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        logits = self.model.get_output_embeddings()(hidden).float() / temperature
-        return -F.cross_entropy(logits, targets, reduction="none")
+        head = self.model.get_output_embeddings()
+        with torch.autocast(hidden.device.type, enabled=False):
+            if type(head) is torch.nn.Linear:
+                bias = None if head.bias is None else head.bias.float()
+                logits = F.linear(hidden.float(), head.weight.float(), bias)
+            else:  # a head with adapters of its own (LoRA) computes in its weights' dtype
+                logits = head(hidden.to(head.weight.dtype)).float()
+            return -F.cross_entropy(logits / temperature, targets, reduction="none")
+
+
+def read_back(
+    parts: list[tuple[list[int], dict[str, Any]]], lags: list[int], origin: list[tuple[Group, Sample]]
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The micro-batches' device metrics in one read: token-weighted means (maxima for the `_max` metrics),
+    the per-staleness sums (`add_by_lag`) and the worst tokens (`_outlier`)."""
+    if not parts:
+        return {}, []
+    names = list(parts[0][1]["metrics"])
+    row_names = list(parts[0][1]["rows"])
+    metrics = torch.stack([torch.stack([p["metrics"][k].float() for k in names]) for _, p in parts]).tolist()
+    per_row = torch.cat([torch.stack([p["rows"][k].float() for k in row_names]) for _, p in parts], 1).tolist()
+    worst = [[t.tolist() for t in p["worst"]] for _, p in parts]
+    sums: dict[str, float] = {}
+    for (_, part), values in zip(parts, metrics, strict=True):
+        for k, v in zip(names, values, strict=True):
+            sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * part["share"]
+    row_lags = [lags[i] for chunk, _ in parts for i in chunk]
+    add_by_lag(sums, dict(zip(row_names, per_row, strict=True)), row_lags)
+    outliers = []
+    for (chunk, _), (log_w, where_rows, cols) in zip(parts, worst, strict=True):
+        for lw, row, pos in zip(log_w, where_rows, cols, strict=True):
+            group, sample = origin[chunk[row]]
+            outliers.append(_outlier(group, sample, pos, lw))
+    return sums, outliers
 
 
 class Trainer:
@@ -235,6 +224,8 @@ class Trainer:
         share_prompts: bool = True,
         lora: LoraSpec | None = None,
         device: torch.device | None = None,
+        model: torch.nn.Module | None = None,
+        bf16: bool | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
         ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
@@ -243,68 +234,50 @@ class Trainer:
         backward pass instead of keeping them: less memory for long sequences, more compute. `off_policy`,
         `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`). `share_prompts`: run a prompt
         shared by several sequences of a micro-batch once (`TokenLogp`). `lora`: train adapters of that spec on the
-        frozen model instead of the model itself."""
-        from transformers import AutoModelForCausalLM
-
-        from echo2cli.errors import ModelError
-
+        frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
+        (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
+        layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX)."""
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelError(f"model in {model_dir} does not load: {first}") from exc
+        if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
+            torch.backends.cuda.matmul.allow_tf32 = True
+        self.model = model.to(self.device, torch.float32) if model is not None else _load(model_dir, self.device)
         self.model.train()
+        use_packed_attention(self.model)
+        self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
         self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
         self.peft = attach_adapters(self.model, lora) if lora is not None else None
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = TokenLogp(self.model, share_prompts)
         self.ref: TokenLogp | None = None
-        if kl_coef > 0 and self.peft is None:
-            self.ref = TokenLogp(copy.deepcopy(self.model).eval().requires_grad_(False), share_prompts)
+        if kl_coef > 0 and self.peft is None:  # in bf16 where the forward runs in bf16 anyway: half the memory
+            ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref = TokenLogp(ref.to(torch.bfloat16) if self.autocast else ref, share_prompts)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.autocast = _autocast_ok(self.device)
         self.temperature = temperature
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.outliers: list[dict] = []
 
-    def _token_logp(
-        self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """Log-prob of each next token, [N, T-1]; 0 where mask is 0."""
+    def _token_logp(self, model: torch.nn.Module, pack: Pack) -> torch.Tensor:
+        """Log-prob of each completion token, [N, C] completion-aligned; 0 where the policy mask is 0."""
         policy = model if isinstance(model, TokenLogp) else TokenLogp(model)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            return policy(ids, attn, mask, self.temperature)
+            return policy(pack, self.temperature)
 
-    def _collate(self, rows: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """rows of (prompt ids, completion ids, behaviour logprobs[, policy mask]) → padded tensors aligned to
-        targets. A multi-turn transcript's environment tokens (policy mask 0) are inputs only: no loss."""
-        length = max(len(row[0]) + len(row[1]) for row in rows)
-        n = len(rows)
-        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((n, length), dtype=torch.long)
-        mask = torch.zeros((n, length - 1))
-        behaviour = torch.zeros((n, length - 1))
-        for i, row in enumerate(rows):
-            p, c, lp, policy = (*row, None)[:4]  # no mask: every completion token is the policy's
-            seq = p + c
-            ids[i, : len(seq)] = torch.tensor(seq)
-            attn[i, : len(seq)] = 1
-            # target position j predicts token j+1; completion tokens sit at len(p) .. len(seq)-1
-            mask[i, len(p) - 1 : len(seq) - 1] = 1 if policy is None else torch.tensor(policy, dtype=mask.dtype)
-            behaviour[i, len(p) - 1 : len(seq) - 1] = torch.tensor(lp)
-        dev = self.device
-        return ids.to(dev), attn.to(dev), mask.to(dev), behaviour.to(dev)
+    def _pack(self, rows: Sequence[tuple]) -> Pack:
+        """rows of (prompt ids, completion ids, behaviour logprobs[, policy mask]) → one packed micro-batch
+        (`packing.py`). A multi-turn transcript's environment tokens (policy mask 0) are inputs only: no loss."""
+        return Pack(rows, self.device, share_prompts=self.policy.share_prompts)
 
     def step(self, groups: list[Group], version: int | None = None) -> dict[str, Any]:
         """One optimizer step on the batch. `version`: the policy version being trained, so the off-policy
-        health can be told per staleness bucket (version - group version); without it all is bucket 0."""
+        health can be told per staleness bucket (version - group version); without it all is bucket 0.
+        Metrics stay on the device through the micro-batches and are read back once, after the last one."""
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
@@ -313,23 +286,19 @@ class Trainer:
         ]
         origin = [(g, s) for g in groups for s in g.samples]
         lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
-        total_tokens = sum(len(c) if m is None else sum(m) for _, c, _, m in rows)  # the tokens with a loss
+        total_tokens = sum(_loss_tokens(row) for row in rows)
         lengths = [len(p) + len(c) for p, c, _, _ in rows]
         group_of = [k for k, g in enumerate(groups) for _ in g.samples] if self.policy.share_prompts else None
-        chunks = micro_batches(
-            self._my_rows(lengths), lengths, self.max_tokens_per_micro_batch, self.micro_batch, group_of
-        )
+        prompt_lengths = [len(p) for p, _, _, _ in rows]
+        budget, most = self.max_tokens_per_micro_batch, self.micro_batch
+        chunks = micro_batches(self._my_rows(lengths), lengths, budget, most, group_of, True, prompt_lengths)
         self.opt.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        outliers: list[dict[str, Any]] = []
+        parts: list[tuple[list[int], dict[str, Any]]] = []
         for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
             part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
             if chunk:
-                self._add_metrics(sums, part)
-                add_by_lag(sums, part.pop("rows"), [lags[i] for i in chunk])
-                for row, pos, log_w in part.pop("outliers"):
-                    group, sample = origin[chunk[int(row)]]
-                    outliers.append(_outlier(group, sample, pos, log_w))
+                parts.append((chunk, part))
+        sums, outliers = read_back(parts, lags, origin)
         sums = split_by_lag(self._reduce_metrics(sums))
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
         grad_norm = self._clip_grad_norm()
@@ -349,18 +318,19 @@ class Trainer:
         self, chunk: list[int], rows: list, advantages: torch.Tensor, total_tokens: int, weight: float
     ) -> dict[str, Any]:
         """Forward and backward over one micro-batch, its loss weighted by its share of the batch's completion
-        tokens (times `weight`: 0 for a pass a rank makes only to keep step with the others)."""
-        ids, attn, mask, behaviour = self._collate([rows[i] for i in chunk])
-        logp = self._token_logp(self.policy, ids, attn, mask)
+        tokens (times `weight`: 0 for a pass a rank makes only to keep step with the others). Nothing is read
+        back from the device here: the metrics, per-row sums and worst tokens come back as device tensors."""
+        pack = self._pack([rows[i] for i in chunk])
+        logp = self._token_logp(self.policy, pack)
         ref_logp = None
         if self.kl_coef > 0:
             with torch.no_grad(), self._reference():
-                ref_logp = self._token_logp(self.ref or self.policy, ids, attn, mask)
+                ref_logp = self._token_logp(self.ref or self.policy, pack)
         loss, metrics, per_row = grpo_loss(
             logp,
-            behaviour,
-            advantages[chunk].to(self.device),
-            mask,
+            pack.behaviour,
+            advantages[chunk].to(self.device, non_blocking=True),
+            pack.mask,
             clip_eps=self.clip_eps,
             is_cap=self.is_cap,
             ref_logp=ref_logp,
@@ -369,20 +339,14 @@ class Trainer:
             geo_low=self.geo_low,
             geo_high=self.geo_high,
         )
-        share = float(mask.sum()) / max(total_tokens, 1)
+        share = sum(_loss_tokens(rows[i]) for i in chunk) / max(total_tokens, 1)
         (loss * (share * weight * self._loss_scale())).backward()
-        outliers = worst_tokens(logp, behaviour, mask)
-        return {"share": share, "metrics": metrics, "outliers": outliers, "rows": per_row}
+        worst = worst_tokens(logp, pack.behaviour, pack.mask)
+        return {"share": share, "metrics": metrics, "worst": worst, "rows": per_row}
 
     def _reference(self) -> contextlib.AbstractContextManager:
         """The KL reference is `self.ref`, or with LoRA the policy with its adapters off."""
         return self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
-
-    @staticmethod
-    def _add_metrics(sums: dict[str, float], part: dict[str, Any]) -> None:
-        """Token-weighted means, and maxima for the `_max` metrics."""
-        for k, v in part["metrics"].items():
-            sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v * part["share"]
 
     # -- what a sharded trainer does differently (sharded.py); one process does it all ---------------
 

@@ -49,11 +49,11 @@ def trainer_logps(trainer: Trainer, prompts, groups, temperature: float) -> tupl
     """(trainer log-probs, engine log-probs) of every sampled token, flattened."""
     trainer.temperature = temperature
     rows = [(p, c.token_ids, c.logprobs) for p, g in zip(prompts, groups, strict=True) for c in g]
-    ids, attn, mask, behaviour = trainer._collate(rows)
+    pack = trainer._pack(rows)
     with torch.no_grad():
-        logp = trainer._token_logp(trainer.model, ids, attn, mask)
-    where = mask.bool()
-    return logp[where].tolist(), behaviour[where].tolist()
+        logp = trainer._token_logp(trainer.model, pack)
+    where = pack.mask.bool()
+    return logp[where].tolist(), pack.behaviour[where].tolist()
 
 
 def mismatch(ours: list[float], theirs: list[float]) -> dict[str, float]:

@@ -1,0 +1,298 @@
+"""Packed micro-batches: a micro-batch's sequences laid end to end in one row, no pad tokens, each prompt once.
+
+The G samples of a GRPO group share their prompt. A micro-batch is packed as
+
+    [prompt_1 | prompt_2 | ... | prompt_U | completion_1 | completion_2 | ... | completion_N]
+
+with every distinct prompt once and every completion after all prompts. Position ids restart with each prompt and
+continue from its prompt's end in each of its completions, so rotary embeddings see what a plain pass sees.
+Attention (`packed_attention`, registered with transformers as PACKED) is two causal passes per layer: the
+prompts among themselves, then each row's [prompt | completion] span, its prompt's queries, keys and values
+gathered in front of its completion's (`kv_index`), of which only the completion's outputs are kept. Every
+sequence of both passes has as many queries as keys, so "causal" means the same to every kernel (flash aligns a
+shorter query block bottom-right, SDPA top-left: neither case arises). Gradients reach the prompt through every
+completion that read it. The cost is the prompt's attention rows run once more per row, a few percent of the
+attention FLOPs; the layers' matmuls, most of the FLOPs, still run once per distinct prompt. The result equals
+one plain causal pass per (prompt + completion) up to float rounding (tests/test_packing.py checks log-probs and
+gradients against padded rows in fp32).
+
+On CUDA the passes are flash-attention varlen kernels (`torch.nn.attention.varlen`, torch >= 2.10): no padding,
+no mask tensor, no work outside a sequence. Elsewhere (CPU, or an older torch) they are one SDPA call per prompt
+and per completion, each on its own tokens only.
+
+Everything the layout needs is computed here from the rows' Python lists, so the trainer never reads a device
+tensor back to plan a micro-batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+PACKED = "echo2_packed"  # the attention implementation's name in transformers' AttentionInterface
+
+
+class Pack:
+    """One micro-batch packed (module docstring). Tensors on the trainer's device:
+
+    input_ids, position_ids: [1, T]; T = Tp prompt tokens + the completions' tokens.
+    pick: [M] packed positions whose hidden state predicts a loss token, targets: [M] those tokens,
+    slot: [M] where each lands in an [N, C] completion-aligned grid (row * C + completion position).
+    mask, behaviour: [N, C] the policy mask and the engine's log-probs, completion-aligned.
+    Attention: cu_prompt / max_prompt (prompt_bounds) over the first Tp tokens; kv_index, the packed positions of
+    each row's [prompt | completion] span, one after another, with cu_k / max_k (key_bounds) over them, and
+    span_completions, the completion tokens' places among them."""
+
+    def __init__(self, rows: Sequence[tuple], device: torch.device, share_prompts: bool = True) -> None:
+        self.rows = rows
+        prompts: dict[Any, list[int]] = {}  # each distinct prompt (each row's own, without sharing) in first-seen order
+        keys = [tuple(row[0]) if share_prompts else r for r, row in enumerate(rows)]
+        for key, row in zip(keys, rows, strict=True):
+            prompts.setdefault(key, list(row[0]))
+        index = {key: u for u, key in enumerate(prompts)}
+        owner = [index[key] for key in keys]
+        prompt_lens = [len(p) for p in prompts.values()]
+        prompt_at = _offsets(prompt_lens)
+        self.n_prompt_tokens = tp = prompt_at[-1]
+        comp_lens = [len(row[1]) for row in rows]
+        comp_at = [tp + a for a in _offsets(comp_lens)]
+        n, width = len(rows), max(comp_lens)
+        ids: list[int] = [t for p in prompts.values() for t in p]
+        positions: list[int] = [i for length in prompt_lens for i in range(length)]
+        pick: list[int] = []
+        targets: list[int] = []
+        slot: list[int] = []
+        kv_index: list[int] = []
+        mask = torch.zeros((n, width))
+        behaviour = torch.zeros((n, width))
+        for r, (row, u) in enumerate(zip(rows, owner, strict=True)):
+            completion, logprobs = row[1], row[2]
+            policy = row[3] if len(row) > 3 and row[3] is not None else [1] * len(completion)
+            p_len, start = prompt_lens[u], comp_at[r]
+            ids += completion
+            positions += range(p_len, p_len + len(completion))
+            kv_index += [*range(prompt_at[u], prompt_at[u] + p_len), *range(start, start + len(completion))]
+            for j, (token, m) in enumerate(zip(completion, policy, strict=True)):
+                if m:  # token j is predicted from the prompt's last position (j = 0) or completion token j - 1
+                    pick.append(prompt_at[u] + p_len - 1 if j == 0 else start + j - 1)
+                    targets.append(token)
+                    slot.append(r * width + j)
+            mask[r, : len(completion)] = torch.tensor(policy, dtype=mask.dtype)
+            behaviour[r, : len(completion)] = torch.tensor(logprobs, dtype=behaviour.dtype)
+
+        def on(values: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        self.input_ids, self.position_ids = on(ids)[None], on(positions)[None]
+        self.pick, self.targets, self.slot = on(pick), on(targets), on(slot)
+        self.mask, self.behaviour = mask.to(device), behaviour.to(device)
+        self.shape = (n, width)
+        self.loss_tokens = len(pick)
+        # attention: offsets for the varlen kernel, and the same sequences right-padded for SDPA
+        key_lens = [prompt_lens[u] + c for u, c in zip(owner, comp_lens, strict=True)]
+        key_at = _offsets(key_lens)
+        self.cu_prompt, self.max_prompt = on(prompt_at, torch.int32), max(prompt_lens)
+        self.cu_k, self.max_k = on(key_at, torch.int32), max(key_lens)
+        self.kv_index = on(kv_index)
+        spans = zip(key_at[1:], comp_lens, strict=True)
+        self.span_completions = on([i for end, c in spans for i in range(end - c, end)])
+        prompt_pad, prompt_keep = _padded(
+            [list(range(a, b)) for a, b in zip(prompt_at, prompt_at[1:], strict=False)], 0
+        )
+        span_rows = [kv_index[a:b] for a, b in zip(key_at, key_at[1:], strict=False)]
+        span_pad, span_keep = _padded(span_rows, 0, [prompt_lens[u] for u in owner])
+        self.prompt_pad, self.prompt_keep = on(prompt_pad), on(prompt_keep)
+        self.span_pad, self.span_keep = on(span_pad), on(span_keep)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the packed row: what the layers compute on."""
+        return int(self.input_ids.shape[1])
+
+
+def _padded(rows: list[list[int]], fill: int, skip: Sequence[int] | None = None) -> tuple[list[list[int]], list[int]]:
+    """Sequences of packed positions right-padded to the longest (each row's last position repeated: in a causal
+    pass a padded key is seen only by padded queries), and the flat places of the outputs to keep: every
+    position, or each row's past its first `skip[r]`."""
+    longest = max(len(r) for r in rows)
+    pad = [r + [r[-1] if r else fill] * (longest - len(r)) for r in rows]
+    keep = [i * longest + j for i, r in enumerate(rows) for j in range(skip[i] if skip else 0, len(r))]
+    return pad, keep
+
+
+def _offsets(lengths: Sequence[int]) -> list[int]:
+    """[0, l0, l0 + l1, ...]: the start of each segment and the end of the last."""
+    out = [0]
+    for length in lengths:
+        out.append(out[-1] + length)
+    return out
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    echo2_pack: Pack | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: query [1, H, T, D], key and value [1, Hkv, T, D] of a packed row →
+    ([1, T, H, D], None). Without a Pack (a plain call on this model) it is SDPA as transformers runs it."""
+    if echo2_pack is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed micro-batch is one row, got a batch of {query.shape[0]}")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):  # SDPA would be cast by autocast; a custom op is not
+        q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
+    if q.is_cuda and q.dtype == k.dtype == v.dtype and varlen_works(q.device, q.dtype, q.shape[1], k.shape[1]):
+        out = _varlen_passes(q, k, v, echo2_pack, scaling)
+    else:
+        out = _sdpa_passes(q, k, v, echo2_pack, scaling)
+    return out[None], None
+
+
+def _sdpa_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float | None) -> torch.Tensor:
+    """The two passes as two causal SDPA calls over right-padded sequences, no mask ([T, heads, D] in and out):
+    exact on any device, and on CUDA free to take the flash kernel."""
+    k, v = _repeat_kv(k, v, q.shape[1])  # SDPA's enable_gqa rules out CUDA's flash kernel in some versions
+    prompts = _padded_causal(q, k, v, pack.prompt_pad, pack.prompt_keep, scale)
+    completions = _padded_causal(q, k, v, pack.span_pad, pack.span_keep, scale)
+    return torch.cat([prompts, completions])
+
+
+def _padded_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, keep: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Causal attention over the sequences `pad` ([n, L] packed positions) gathers, the outputs at `keep`."""
+    n, length = pad.shape
+    qs, ks, vs = (x[pad].transpose(1, 2) for x in (q, k, v))  # [n, heads, L, D]
+    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+    return out.transpose(1, 2).reshape(n * length, q.shape[1], q.shape[2]).index_select(0, keep)
+
+
+def _varlen_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float | None) -> torch.Tensor:
+    """The two passes as flash varlen kernels ([T, heads, D] in and out)."""
+    tp = pack.n_prompt_tokens
+    prompts = _varlen_causal(q[:tp], k[:tp], v[:tp], pack.cu_prompt, pack.max_prompt, scale)
+    rq, rk, rv = (x.index_select(0, pack.kv_index) for x in (q, k, v))
+    spans = _varlen_causal(rq, rk, rv, pack.cu_k, pack.max_k, scale)
+    return torch.cat([prompts, spans.index_select(0, pack.span_completions)])
+
+
+def _varlen_causal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, scale: float | None
+) -> torch.Tensor:
+    """Causal varlen attention (flash) over sequences of as many queries as keys; keys and values with fewer heads
+    than the queries are repeated unless the kernel takes them as they are."""
+    fn, params = _varlen()  # type: ignore[misc]
+    extra: dict[str, Any] = {}
+    if k.shape[1] != q.shape[1] and "enable_gqa" in params:
+        extra["enable_gqa"] = True
+    else:
+        k, v = _repeat_kv(k, v, q.shape[1])
+    if "is_causal" in params:
+        extra["is_causal"] = True
+    else:
+        extra["window_size"] = (-1, 0)
+    if "scale" in params:
+        extra["scale"] = scale
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **extra)
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query keys and values ([T, kv heads, D]) repeated to the query heads: head h reads kv head
+    h // (heads / kv heads), as transformers' repeat_kv does."""
+    if k.shape[1] == heads:
+        return k, v
+    r = heads // k.shape[1]
+    return k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+
+
+_VARLEN: list[Any] = []
+_CHECKED: dict[tuple, bool] = {}
+
+
+def _varlen() -> tuple[Any, set[str]] | None:
+    """torch's flash varlen attention and the names of its parameters, or None where this torch has none."""
+    if not _VARLEN:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            _VARLEN.append(None)
+        else:
+            _VARLEN.append((varlen_attn, set(inspect.signature(varlen_attn).parameters)))
+    return _VARLEN[0]
+
+
+def varlen_works(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> bool:
+    """Whether the varlen kernel runs here, forward and backward, and agrees with the per-sequence SDPA passes
+    on a small packed case with a completion longer in keys than in queries (flash aligns causal masks
+    bottom-right; that is what a completion needs). Checked once per device, dtype and head layout; where it
+    fails, the SDPA passes run instead and a warning says why (an older torch, a kernel that does not build)."""
+    key = (str(device), dtype, heads, kv_heads)
+    if key not in _CHECKED:
+        _CHECKED[key] = _self_test(device, dtype, heads, kv_heads)
+    return _CHECKED[key]
+
+
+def _self_test(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> bool:
+    import warnings
+
+    if _varlen() is None or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    rows = [([1, 2, 3, 4, 5], [6, 7, 8], [0.0] * 3), ([1, 2, 3, 4, 5], [9, 10], [0.0] * 2), ([4, 2], [7], [0.0])]
+    pack = Pack(rows, device)
+    g = torch.Generator(device=device).manual_seed(0)
+    qkv = [torch.randn(pack.tokens, h, 64, device=device, generator=g) for h in (heads, kv_heads, kv_heads)]
+    try:
+        fast = [x.to(dtype).requires_grad_() for x in qkv]
+        got = _varlen_passes(fast[0], fast[1], fast[2], pack, None)
+        got.float().square().sum().backward()
+    except Exception as exc:  # a kernel that does not exist for this device or dtype raises its own kind
+        why = f"packed attention: flash varlen unusable here ({exc!s:.200}); per-sequence SDPA instead"
+        warnings.warn(why, stacklevel=3)
+        return False
+    exact = [x.clone().requires_grad_() for x in qkv]  # the reference in fp32
+    want = _sdpa_passes(exact[0], exact[1], exact[2], pack, None)
+    want.square().sum().backward()
+    errors = [_relative(got, want)] + [_relative(a.grad, b.grad) for a, b in zip(fast, exact, strict=True)]
+    if max(errors) > 0.02:  # bf16 rounding gives ~0.4 %; a wrong mask or head layout gives tens of percent
+        why = f"packed attention: flash varlen differs from SDPA by {max(errors):.1%} on a test case; SDPA instead"
+        warnings.warn(why, stacklevel=3)
+        return False
+    return True
+
+
+def _relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    """||a - b|| / ||b||; a missing gradient counts as wholly wrong."""
+    if a is None or b is None:
+        return 1.0
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def kernel(device: torch.device | str) -> str:
+    """Which packed attention ran on `device`: "flash varlen" or "sdpa per sequence"."""
+    return "flash varlen" if any(ok for key, ok in _CHECKED.items() if key[0] == str(device)) else "sdpa per sequence"
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Register `packed_attention` with transformers and make it `model`'s attention. A call without a Pack still
+    runs SDPA, so the model behaves as before for anything else. No mask is built for it: transformers builds
+    masks only for the implementations it knows."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED, packed_attention)
+    model.set_attn_implementation(PACKED)
