@@ -2,8 +2,10 @@
 
 Every rank holds 1/N of the fp32 parameters, gradients and AdamW state. Each decoder layer is one FSDP unit
 (all-gathered for its forward and backward, then freed); the root unit holds the embeddings, the final norm and
-the head. Compute runs under the same bf16 autocast as one process (`trainer.py`), so master weights, gradients
-and their reduction stay fp32.
+the head. Where the hardware has bf16 the layers compute in it (FSDP2's MixedPrecisionPolicy: each layer's fp32
+shards all-gathered as bf16, gradients reduced in fp32), the root unit in fp32, so master weights, gradients, their
+reduction and the vocabulary head's logits stay fp32. A micro-batch is packed as in one process (`packing.py`):
+one pass through the layers whatever its rows, so every rank makes the same collectives.
 
 Rank 0 is the learner: coordinator, API, tracker and publisher run there alone. The other ranks only train:
 `follow()` waits for rank 0's next call (a step with its batch, an export, a checkpoint save or load) and
@@ -156,18 +158,19 @@ def init_process_group() -> torch.device:
 class ShardedTrainer(Trainer):
     def __init__(self, model_dir: Path, **kwargs: Any) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         device = init_process_group()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         super().__init__(model_dir, device=device, **kwargs)
         mesh = init_device_mesh(device.type, (self.world,))
+        # Layers compute in bf16 where the hardware has it: FSDP2 all-gathers each layer's fp32 shards as bf16
+        # and reduces gradients in fp32. The root unit (embeddings, final norm, head) stays fp32, for the
+        # head's fp32 logits (`TokenLogp`).
+        layers = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.autocast else None
         for policy in [self.policy] + ([self.ref] if self.ref is not None else []):
-            # Every rank must make the same collective calls, and whether a rank's micro-batch repeats a
-            # prompt (two passes through the layers instead of one) depends on its rows: no sharing here.
-            policy.share_prompts = False
             for layer in policy.model.get_decoder().layers:
-                fully_shard(layer, mesh=mesh)
+                fully_shard(layer, mesh=mesh, **({"mp_policy": layers} if layers else {}))
             fully_shard(policy, mesh=mesh)
         # the optimizer on the sharded parameters: each rank keeps AdamW state for its shards only
         lr = self.opt.param_groups[0]["lr"]
@@ -233,9 +236,9 @@ class ShardedTrainer(Trainer):
         return balance(lengths, self.world)[self.rank]
 
     def _micro_batch_count(self, mine: int) -> int:
-        n = torch.tensor([mine])
+        n = torch.tensor([mine], device=self.device)  # NCCL takes only tensors on the rank's GPU; gloo any
         dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        return int(n)
+        return int(n.item())
 
     def _loss_scale(self) -> float:
         return float(self.world)  # FSDP averages gradients over ranks; each rank's loss is a part of one sum

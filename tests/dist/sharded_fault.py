@@ -60,8 +60,7 @@ def lead(trainer: ShardedTrainer, a: argparse.Namespace) -> None:
 
 def main(a: argparse.Namespace) -> None:
     kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3)
-    trainer = ShardedTrainer(a.model, max_tokens_per_micro_batch=40, **kwargs)
-    trainer.autocast = False
+    trainer = ShardedTrainer(a.model, max_tokens_per_micro_batch=40, bf16=False, **kwargs)
     if trainer.rank == a.fail_rank:
         inject_failure(trainer, a.out, a.fail_in)
     if trainer.rank == 0:

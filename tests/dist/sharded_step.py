@@ -40,14 +40,13 @@ def batch(step: int) -> list[Group]:
 
 def main(a: argparse.Namespace) -> None:
     kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3)
+    kwargs["bf16"] = False if a.fp32 else None
     if a.plain:
         trainer = Trainer(a.model, **kwargs)
     else:
         from echo2cli.learner.sharded import ShardedTrainer
 
         trainer = ShardedTrainer(a.model, max_tokens_per_micro_batch=40, **kwargs)
-    if a.fp32:
-        trainer.autocast = False
     if getattr(trainer, "rank", 0) != 0:
         trainer.follow()  # makes rank 0's calls below
         return
