@@ -53,6 +53,17 @@ class _Config(BaseModel):
         return self
 
 
+def split_devices(devices: str) -> list[str]:
+    """A CUDA_VISIBLE_DEVICES list's entries ("0,1" -> ["0", "1"])."""
+    return [d.strip() for d in devices.split(",") if d.strip()]
+
+
+def trainer_devices(ranks: int) -> list[str]:
+    """The GPUs a learner's ranks train on: local rank i takes the i-th visible GPU."""
+    visible = split_devices(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    return visible[:ranks] if visible else [str(i) for i in range(ranks)]
+
+
 class LearnerConfig(_Config):
     """`echo2 learner`."""
 
@@ -65,7 +76,7 @@ class LearnerConfig(_Config):
         "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
         "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
-        "Evaluation": "eval_every eval_limit eval_k",
+        "Evaluation": "eval_every eval_limit eval_k eval_devices",
         "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts",
         "LoRA": "lora_rank lora_alpha lora_targets",
     }
@@ -85,6 +96,11 @@ class LearnerConfig(_Config):
     )
     eval_limit: int = Field(100, ge=1, description="held-out problems per periodic evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in periodic evaluations")
+    eval_devices: str = Field(
+        "",
+        description="GPUs for the periodic evaluation's vLLM engine, as CUDA_VISIBLE_DEVICES (e.g. '1'); a CUDA "
+        "learner with --eval-every needs GPUs its trainer does not use",
+    )
     out_dir: Path = Field(Path("runs/latest"), description="run directory: metrics, policy versions, checkpoints")
     steps: int = Field(20, ge=1, description="optimizer steps to run")
     prompts_per_step: int = Field(8, ge=1, description="prompts per learner step; B = prompts_per_step * G")
@@ -260,6 +276,16 @@ class LearnerConfig(_Config):
             raise ValueError("--lora-rank trains in one process: drop --nproc-per-node, or train the full model")
         if self.lora_rank and not [t for t in self.lora_targets.split(",") if t.strip()]:
             raise ValueError("--lora-targets names no layer: give e.g. q_proj,k_proj,v_proj,o_proj")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_off_the_trainers_gpus(self) -> LearnerConfig:
+        shared = set(split_devices(self.eval_devices)) & set(trainer_devices(self.nproc_per_node))
+        if shared:
+            raise ValueError(
+                f"--eval-devices {self.eval_devices} shares GPU {','.join(sorted(shared))} with the trainer's "
+                f"{self.nproc_per_node} rank(s): name a GPU past them"
+            )
         return self
 
     @model_validator(mode="after")

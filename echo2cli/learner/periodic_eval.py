@@ -4,11 +4,16 @@ Each evaluation is `echo2 eval` in a subprocess (its own vLLM engine) on a model
 base model's config and tokenizer and the version's published weights (hard-linked, so pruning the
 version does not disturb it). One runs at a time; a version due while one runs is skipped. Results join
 the next metrics line as `eval/*` (with `eval/version`) and are listed in summary.json.
+
+On a GPU learner the engine never lands on the trainer's GPU unasked: vLLM takes a fixed share of a GPU's memory
+at start, and beside a trainer near its peak that fails or starves it. `--eval-devices` names the evaluation's
+GPUs (CUDA_VISIBLE_DEVICES of the subprocess); without it a CUDA learner refuses --eval-every at start.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.config import LearnerConfig
+from echo2cli.errors import ConfigError
 from echo2cli.layout import VersionKey
 from echo2cli.models import model_dir_with_weights
 
@@ -23,7 +29,13 @@ REPORTED = ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward", "
 
 
 class PeriodicEval:
-    def __init__(self, cfg: LearnerConfig, model_dir: Path, out: Path) -> None:
+    def __init__(self, cfg: LearnerConfig, model_dir: Path, out: Path, cuda: bool = False) -> None:
+        """`cuda`: the trainer runs on CUDA (then --eval-every needs --eval-devices)."""
+        if cfg.eval_every and cuda and not cfg.eval_devices:
+            raise ConfigError(
+                "--eval-every would start vLLM on the trainer's GPU: give --eval-devices with a GPU the trainer "
+                "does not use (e.g. --eval-devices 1), or drop --eval-every and run `echo2 eval` on a checkpoint"
+            )
         self.cfg, self.model_dir = cfg, model_dir
         self.root = out / "eval"
         self.running: tuple[int, subprocess.Popen] | None = None
@@ -63,8 +75,9 @@ class PeriodicEval:
             str(self._file(version, ".json")),
             "--json",
         ]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": cfg.eval_devices} if cfg.eval_devices else None
         with open(self._file(version, ".log"), "w") as log:  # the child keeps its own handle
-            self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
+            self.running = (version, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env))
 
     def poll(self, wait: bool = False) -> dict[str, Any]:
         """`eval/*` of an evaluation that has just finished, else {}."""
