@@ -89,7 +89,11 @@ def test_a_pack_is_planned_from_the_rows_alone(tmp_path):
     assert pack.prompt_pad.tolist() == [[0, 1, 2, 3], [4, 5, 5, 5], [6, 6, 6, 6]]  # right-padded, last repeated
     assert pack.prompt_keep.tolist() == [0, 1, 2, 3, 4, 5, 8]
     assert pack.span_pad[0].tolist() == [0, 1, 2, 3, 7, 8, 9, 9]  # row 0: prompt 0, then its completion
-    assert pack.span_keep[:3].tolist() == [4, 5, 6]  # its completion's outputs
+    assert pack.completion_pad[0].tolist() == [7, 8, 9, 9, 9, 9]
+    assert pack.completion_keep[:4].tolist() == [0, 1, 2, 6]  # row 0's 3 outputs, then row 1's first
+    mask = pack.span_mask[0, 0].int().tolist()  # row 0: 4 prompt tokens; completion token j sees keys 0 .. 4 + j
+    assert mask[:3] == [[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0]]
+    assert mask[5] == [1] * 7 + [0]  # a padded query: never past the span, never empty
     assert pack.kv_index[:7].tolist() == [0, 1, 2, 3, 7, 8, 9]  # row 0: prompt 0, then its completion
     assert pack.loss_tokens == sum(len(r[1]) for r in ROWS) - 2
     assert pack.pick[:3].tolist() == [3, 7, 8]  # token 0 from the prompt's last position, then the completion's

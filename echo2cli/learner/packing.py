@@ -100,13 +100,29 @@ class Pack:
         self.kv_index = on(kv_index)
         spans = zip(key_at[1:], comp_lens, strict=True)
         self.span_completions = on([i for end, c in spans for i in range(end - c, end)])
-        prompt_pad, prompt_keep = _padded(
+        prompt_pad, prompt_keep = _pad_rows(
             [list(range(a, b)) for a, b in zip(prompt_at, prompt_at[1:], strict=False)], 0
         )
-        span_rows = [kv_index[a:b] for a, b in zip(key_at, key_at[1:], strict=False)]
-        span_pad, span_keep = _padded(span_rows, 0, [prompt_lens[u] for u in owner])
+        span_pad, _ = _pad_rows([kv_index[a:b] for a, b in zip(key_at, key_at[1:], strict=False)], 0)
+        completion_pad, completion_keep = _pad_rows(
+            [list(range(a, a + c)) for a, c in zip(comp_at, comp_lens, strict=False)], 0
+        )
         self.prompt_pad, self.prompt_keep = on(prompt_pad), on(prompt_keep)
-        self.span_pad, self.span_keep = on(span_pad), on(span_keep)
+        self.span_pad, self.completion_pad, self.completion_keep = on(span_pad), on(completion_pad), on(completion_keep)
+        self._row_prompt = on([prompt_lens[u] for u in owner])
+        self._row_keys = on(key_lens)
+        self._span_mask: torch.Tensor | None = None
+
+    @property
+    def span_mask(self) -> torch.Tensor:
+        """[N, 1, C, K]: completion query j of row r sees span keys 0 .. P_r + j (its prompt's P_r tokens and its
+        own first j + 1), never past its span; a padded query sees the same, so no row is empty (no NaN)."""
+        if self._span_mask is None:
+            keys = torch.arange(self.span_pad.shape[1], device=self.span_pad.device)
+            queries = torch.arange(self.completion_pad.shape[1], device=self.span_pad.device)
+            limit = self._row_prompt[:, None, None] + queries[None, :, None]
+            self._span_mask = ((keys <= limit) & (keys < self._row_keys[:, None, None]))[:, None]
+        return self._span_mask
 
     @property
     def tokens(self) -> int:
@@ -114,13 +130,13 @@ class Pack:
         return int(self.input_ids.shape[1])
 
 
-def _padded(rows: list[list[int]], fill: int, skip: Sequence[int] | None = None) -> tuple[list[list[int]], list[int]]:
-    """Sequences of packed positions right-padded to the longest (each row's last position repeated: in a causal
-    pass a padded key is seen only by padded queries), and the flat places of the outputs to keep: every
-    position, or each row's past its first `skip[r]`."""
+def _pad_rows(rows: list[list[int]], fill: int) -> tuple[list[list[int]], list[int]]:
+    """Sequences of packed positions right-padded to the longest (each row's last position repeated: a padded
+    position's output is dropped, and in a causal pass its key is seen only by padded queries), and the flat
+    places of the real positions' outputs."""
     longest = max(len(r) for r in rows)
     pad = [r + [r[-1] if r else fill] * (longest - len(r)) for r in rows]
-    keep = [i * longest + j for i, r in enumerate(rows) for j in range(skip[i] if skip else 0, len(r))]
+    keep = [i * longest + j for i, r in enumerate(rows) for j in range(len(r))]
     return pad, keep
 
 
@@ -164,21 +180,31 @@ def packed_attention(
 
 
 def _sdpa_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float | None) -> torch.Tensor:
-    """The two passes as two causal SDPA calls over right-padded sequences, no mask ([T, heads, D] in and out):
-    exact on any device, and on CUDA free to take the flash kernel."""
+    """The two passes as two SDPA calls over right-padded sequences ([T, heads, D] in and out), exact on any
+    device: the prompts causal, then each completion's queries alone against its [prompt | completion] keys
+    under `Pack.span_mask` (the prompt's queries need not run again: on CPU that is most of the work saved)."""
     k, v = _repeat_kv(k, v, q.shape[1])  # SDPA's enable_gqa rules out CUDA's flash kernel in some versions
-    prompts = _padded_causal(q, k, v, pack.prompt_pad, pack.prompt_keep, scale)
-    completions = _padded_causal(q, k, v, pack.span_pad, pack.span_keep, scale)
+    prompts = _padded(q, k, v, pack.prompt_pad, pack.prompt_pad, None, pack.prompt_keep, scale)
+    completions = _padded(q, k, v, pack.completion_pad, pack.span_pad, pack.span_mask, pack.completion_keep, scale)
     return torch.cat([prompts, completions])
 
 
-def _padded_causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, keep: torch.Tensor, scale: float | None
+def _padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    mask: torch.Tensor | None,
+    keep: torch.Tensor,
+    scale: float | None,
 ) -> torch.Tensor:
-    """Causal attention over the sequences `pad` ([n, L] packed positions) gathers, the outputs at `keep`."""
-    n, length = pad.shape
-    qs, ks, vs = (x[pad].transpose(1, 2) for x in (q, k, v))  # [n, heads, L, D]
-    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+    """SDPA over right-padded sequences: the packed positions `queries` ([n, Lq]) against `keys` ([n, Lk]),
+    causal where `mask` is None (Lq = Lk), else under `mask`; the outputs at the flat places `keep`."""
+    n, length = queries.shape
+    qs = q[queries].transpose(1, 2)  # [n, heads, Lq, D]
+    ks, vs = (x[keys].transpose(1, 2) for x in (k, v))
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale)
     return out.transpose(1, 2).reshape(n * length, q.shape[1], q.shape[2]).index_select(0, keep)
 
 

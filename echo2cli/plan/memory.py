@@ -1,13 +1,13 @@
 """Memory plan: what the learner needs per rank and what a rollout host has left for KV cache. Pure Python.
 
-Learner, per rank of N (FSDP2, fp32 master weights, bf16 autocast compute; `learner/sharded.py`):
+Learner, per rank of N (FSDP2, fp32 master weights, bf16 layer compute; `learner/sharded.py`):
     states       16 P / N          fp32 parameters, gradients and AdamW's two moments, each 1/N
     gathered     4 (root + 2 layer) the root unit (embeddings, head, final norm) stays whole through the step,
                  + 4 root (its grad) and FSDP holds the layer being computed and the next one (prefetch)
     activations  per token of the micro-batch: every layer's saved tensors, or with activation checkpointing
                  only each layer's input plus one layer's tensors while it is recomputed
     logits       20 bytes x vocabulary per completion token, for at most LOGIT_CHUNK tokens at a time (the
-                 head's bf16 output, its fp32 copy, scaled copy and log-softmax, and their gradients): the head
+                 head's fp32 output, its scaled copy and log-softmax, and their gradients): the head
                  runs only on completion positions, in chunks past LOGIT_CHUNK (`trainer.TokenLogp`)
 Saved tensors per token and layer, bf16 unless said: norm inputs and residuals in fp32 (3 x 4h), norm outputs
 (2 x 2h), q/k/v and the attention output (2(n_q + 2 n_kv)d + 2 n_q d), o_proj input (2 n_q d), gate, up,
@@ -104,8 +104,9 @@ class LearnerMemory:
 def learner_memory(
     shape: Shape, ranks: int, micro_batch_tokens: int, completion_tokens: int, checkpointing: bool
 ) -> LearnerMemory:
-    """Bytes per rank for one micro-batch of `micro_batch_tokens` padded tokens, `completion_tokens` of them
-    completions (the head's positions)."""
+    """Bytes per rank for one micro-batch of `micro_batch_tokens` tokens (packed: no padding; `trainer.py`),
+    `completion_tokens` of them completions (the head's positions). Not yet checked against the packed trainer
+    on a GPU (docs/BENCHMARKS.md, "The learner on an H200")."""
     p = shape.params()
     act_layer = shape.act_bytes() * micro_batch_tokens
     if checkpointing:
