@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The learner on one GPU, in one command that fits one lent-device call (about 8 minutes on an H100/H200; no
+# downloads: every model is built from its config on the device). Run it whenever a session is lent a GPU:
+#
+#     bash scripts/gpu_check.sh            # results in $OUT (the device call's folder) or /tmp/gpu_check
+#
+# What it runs, most important first (each with its own time limit; past the overall deadline the rest is skipped):
+#   1. one process, Qwen3-1.7B shape, 64 x (256 + 1,024) tokens: step time, tokens/s, MFU, peak memory against
+#      `plan-memory`, log-prob error of bf16 compute against fp32, bf16 export and checkpoint seconds;
+#   2. the same under torchrun at world size 1 (FSDP2, NCCL): the sharded trainer's CUDA path;
+#   3. Qwen3-4B shape, 64 x (256 + 2,048): without activation checkpointing (8k-token micro-batches) and with it
+#      (32k), and the export;
+#   4. variable-length completions (128-1,920 tokens, the same mean) on the 1.7B shape: packing, not padding;
+#   5. the learner process end to end on CUDA: learner + a scripted rollout client over real HTTP through 3 steps,
+#      publish, checkpoint, --resume (scripts/gpu_e2e.py; vLLM cannot be installed on the lent machine);
+#   6. LoRA on CUDA (1.7B shape);
+#   7. the previous trainer (a copy of its echo2cli in .baseline/, when present) on step 1's setting, for a
+#      same-run baseline: mkdir .baseline && git archive COMMIT echo2cli | tar -x -C .baseline (git-ignored;
+#      carry it with .whl).
+# The packages the lent machine lacks (pydantic, fastapi, uvicorn, libtorrent, zstandard, ...) travel as wheels in
+# .whl/ (../shared/FIELD-NOTES.md says how to fetch them). Results: $OUT/results.jsonl (one JSON line per run) and
+# $OUT/log.txt; a summary table at the end.
+#
+# Dry run on a CPU box (tiny shapes, minutes): GPU_CHECK_DRY=1 PYTHON=.venv/bin/python bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+RESULTS=$OUT/results.jsonl
+DEADLINE=${GPU_CHECK_DEADLINE_S:-540}
+START=$SECONDS
+if [ -d .whl ] && [ -z "${GPU_CHECK_DRY:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_check: the wheels in .whl/ do not install" >&2; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+DRY=()
+if [ -n "${GPU_CHECK_DRY:-}" ]; then  # later flags win: every model tiny, every batch small
+  DRY=(--shape tiny --groups 2 --group-size 4 --prompt-tokens 16 --completion-tokens 64 --micro-batch-tokens 256)
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+  | tee -a "$LOG"
+
+run() {  # run NAME LIMIT_S COMMAND...: one check, its output into the log, skipped past the deadline
+  local name=$1 limit=$2
+  shift 2
+  if (( SECONDS - START + 20 > DEADLINE )); then
+    echo "== $name: skipped (past the ${DEADLINE}s deadline)" | tee -a "$LOG"
+    return
+  fi
+  echo "== $name ($(( SECONDS - START ))s in)" | tee -a "$LOG"
+  timeout "$limit" "$@" "${DRY[@]}" >>"$LOG" 2>&1
+  local rc=$?
+  (( rc == 0 )) || echo "!! $name failed (exit $rc); its last lines:" | tee -a "$LOG"
+  (( rc == 0 )) || tail -n 15 "$LOG"
+}
+
+BENCH=("$PY" scripts/bench_learner_gpu.py --json "$RESULTS")
+TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node=1 scripts/bench_learner_gpu.py --json "$RESULTS")
+LONG=(--shape 4b --completion-tokens 2048)
+CKPT_DIR=$(mktemp -d /tmp/gpu-check-ckpt-XXXX)
+trap 'rm -rf "$CKPT_DIR" /tmp/bench-gpu-*' EXIT
+
+run "1.7b one process" 150 "${BENCH[@]}" --shape 1.7b --logp-error --export --checkpoint "$CKPT_DIR"
+run "1.7b torchrun world 1" 150 "${TORCHRUN[@]}" --shape 1.7b --export
+run "4b checkpointing" 150 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 32768 --activation-checkpointing --export
+run "1.7b variable lengths" 100 "${BENCH[@]}" --shape 1.7b --variable
+DRY_E2E=("${DRY[@]}")
+DRY=()  # the end-to-end check has its own small model
+run "learner end to end" 200 "$PY" scripts/gpu_e2e.py --out /tmp/gpu-e2e --timeout 180
+DRY=("${DRY_E2E[@]}")
+cp /tmp/gpu-e2e/figures.json "$OUT/e2e_figures.json" 2>/dev/null || tail -n 30 /tmp/gpu-e2e/*.log 2>/dev/null | tee -a "$LOG"
+run "4b no checkpointing" 120 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 4096
+run "1.7b lora" 80 "${BENCH[@]}" --shape 1.7b --lora
+if [ -d .baseline/echo2cli ]; then
+  PYTHONPATH=${PYTHONPATH/$PWD/$PWD/.baseline} run "1.7b previous trainer" 120 "${BENCH[@]}" --shape 1.7b
+fi
+
+echo "== summary ($(( SECONDS - START ))s)" | tee -a "$LOG"
+"$PY" - "$RESULTS" <<'EOF' | tee -a "$LOG"
+import json, sys
+try:
+    rows = [json.loads(line) for line in open(sys.argv[1])]
+except FileNotFoundError:
+    rows = []
+print(f"{'run':44s} {'step s':>7s} {'tok/s':>8s} {'MFU':>6s} {'peak':>6s} {'plan':>6s} {'export':>6s} {'ckpt':>6s}")
+for r in rows:
+    name = (f"{r['shape']} {'torchrun ' if r['sharded'] else ''}{'lora ' if r['lora'] else ''}"
+            f"{'var ' if r['variable'] else ''}{'ckpt ' if r['activation_checkpointing'] else ''}"
+            f"mb{r['micro_batch_tokens']} {'BASELINE ' if r['baseline_trainer'] else ''}{r.get('attention', '')}")
+    print(f"{name:44s} {r['step_s']:7.2f} {r['tokens_per_s']:8d} {100 * r['mfu']:5.1f}% "
+          f"{r.get('peak_gib', 0):6.1f} {r.get('plan_gib', 0):6.1f} {r.get('export_s', 0):6.1f} {r.get('checkpoint_s', 0):6.1f}"
+          + (f"  logp err max {r['logp_err_max']} mean {r['logp_err_mean']}" if 'logp_err_max' in r else ''))
+EOF
