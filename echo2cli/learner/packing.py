@@ -310,8 +310,8 @@ def _relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
 
 
 def kernel(device: torch.device | str) -> str:
-    """Which packed attention ran on `device`: "flash varlen" or "sdpa per sequence"."""
-    return "flash varlen" if any(ok for key, ok in _CHECKED.items() if key[0] == str(device)) else "sdpa per sequence"
+    """Which packed attention ran on `device`: "flash varlen" or "sdpa, padded rows"."""
+    return "flash varlen" if any(ok for key, ok in _CHECKED.items() if key[0] == str(device)) else "sdpa, padded rows"
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
