@@ -17,8 +17,9 @@ one plain causal pass per (prompt + completion) up to float rounding (tests/test
 gradients against padded rows in fp32).
 
 On CUDA the passes are flash-attention varlen kernels (`torch.nn.attention.varlen`, torch >= 2.10): no padding,
-no mask tensor, no work outside a sequence. Elsewhere (CPU, or an older torch) they are one SDPA call per prompt
-and per completion, each on its own tokens only.
+no mask tensor, no work outside a sequence. Elsewhere (CPU, an older torch, or a kernel that fails its self-test)
+they are two SDPA calls per layer over right-padded rows: the prompts causal, then each completion's queries
+alone against its span's keys under a mask (`Pack.span_mask`).
 
 Everything the layout needs is computed here from the rows' Python lists, so the trainer never reads a device
 tensor back to plan a micro-batch.
@@ -43,9 +44,9 @@ class Pack:
     pick: [M] packed positions whose hidden state predicts a loss token, targets: [M] those tokens,
     slot: [M] where each lands in an [N, C] completion-aligned grid (row * C + completion position).
     mask, behaviour: [N, C] the policy mask and the engine's log-probs, completion-aligned.
-    Attention: cu_prompt / max_prompt (prompt_bounds) over the first Tp tokens; kv_index, the packed positions of
-    each row's [prompt | completion] span, one after another, with cu_k / max_k (key_bounds) over them, and
-    span_completions, the completion tokens' places among them."""
+    Attention (`_plan_attention`): cu_prompt / max_prompt over the first Tp tokens; kv_index, the packed positions
+    of each row's [prompt | completion] span, one after another, with cu_k / max_k over them, and
+    span_completions, the completion tokens' places among them; the same sequences right-padded for SDPA."""
 
     def __init__(self, rows: Sequence[tuple], device: torch.device, share_prompts: bool = True) -> None:
         self.rows = rows
@@ -92,7 +93,14 @@ class Pack:
         self.mask, self.behaviour = mask.to(device), behaviour.to(device)
         self.shape = (n, width)
         self.loss_tokens = len(pick)
-        # attention: offsets for the varlen kernel, and the same sequences right-padded for SDPA
+        self._plan_attention(on, prompt_lens, owner, comp_lens, kv_index)
+
+    def _plan_attention(
+        self, on: Any, prompt_lens: list[int], owner: list[int], comp_lens: list[int], kv_index: list[int]
+    ) -> None:
+        """Offsets for the varlen kernel, and the same sequences right-padded for SDPA (class docstring)."""
+        prompt_at = _offsets(prompt_lens)
+        comp_at = [self.n_prompt_tokens + a for a in _offsets(comp_lens)]
         key_lens = [prompt_lens[u] + c for u, c in zip(owner, comp_lens, strict=True)]
         key_at = _offsets(key_lens)
         self.cu_prompt, self.max_prompt = on(prompt_at, torch.int32), max(prompt_lens)
