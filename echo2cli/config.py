@@ -96,8 +96,8 @@ class LearnerConfig(_Config):
     )
     eval_limit: int = Field(100, ge=1, description="held-out problems per periodic evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in periodic evaluations")
-    eval_devices: str = Field(
-        "",
+    eval_devices: str | None = Field(
+        None,
         description="GPUs for the periodic evaluation's vLLM engine, as CUDA_VISIBLE_DEVICES (e.g. '1'); a CUDA "
         "learner with --eval-every needs GPUs its trainer does not use",
     )
@@ -280,7 +280,7 @@ class LearnerConfig(_Config):
 
     @model_validator(mode="after")
     def _eval_off_the_trainers_gpus(self) -> LearnerConfig:
-        shared = set(split_devices(self.eval_devices)) & set(trainer_devices(self.nproc_per_node))
+        shared = set(split_devices(self.eval_devices or "")) & set(trainer_devices(self.nproc_per_node))
         if shared:
             raise ValueError(
                 f"--eval-devices {self.eval_devices} shares GPU {','.join(sorted(shared))} with the trainer's "
