@@ -93,14 +93,19 @@ class Pack:
         self.mask, self.behaviour = mask.to(device), behaviour.to(device)
         self.shape = (n, width)
         self.loss_tokens = len(pick)
-        self._plan_attention(on, prompt_lens, owner, comp_lens, kv_index)
+        self._plan_attention(on, prompt_lens, prompt_at, owner, comp_lens, comp_at, kv_index)
 
     def _plan_attention(
-        self, on: Any, prompt_lens: list[int], owner: list[int], comp_lens: list[int], kv_index: list[int]
+        self,
+        on: Any,
+        prompt_lens: list[int],
+        prompt_at: list[int],
+        owner: list[int],
+        comp_lens: list[int],
+        comp_at: list[int],
+        kv_index: list[int],
     ) -> None:
         """Offsets for the varlen kernel, and the same sequences right-padded for SDPA (class docstring)."""
-        prompt_at = _offsets(prompt_lens)
-        comp_at = [self.n_prompt_tokens + a for a in _offsets(comp_lens)]
         key_lens = [prompt_lens[u] + c for u, c in zip(owner, comp_lens, strict=True)]
         key_at = _offsets(key_lens)
         self.cu_prompt, self.max_prompt = on(prompt_at, torch.int32), max(prompt_lens)
