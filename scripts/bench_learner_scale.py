@@ -1,11 +1,12 @@
 """The sharded learner at world size 1 and 2 (torchrun, FSDP2; gloo on CPU, NCCL on CUDA) on a randomly initialised
-Qwen3-architecture model: step time, peak RSS (CPU) or peak CUDA memory per rank, and the bytes of parameters,
+Qwen3-architecture model: step time, peak RSS (CPU) or peak CUDA memory per rank, what building the trainer added
+to that peak (start-up: each rank loads only its shards), and the bytes of parameters,
 gradients and AdamW state each rank holds, against world size 1 in the same run. Also checks the bf16 version both
 export after the same steps, element by element.
 
     .venv/bin/python scripts/bench_learner_scale.py [--hidden 1024 --layers 16 --intermediate 3072]
         [--ranks 1,2] [--prompts 4 --group-size 4 --prompt-tokens 64 --completion-tokens 64] [--steps 3]
-        [--micro-batch-tokens 1024] [--activation-checkpointing]
+        [--micro-batch-tokens 1024] [--activation-checkpointing] [--kl-coef 0.05]
 
 On CPU the cores are split evenly: world size 1 gets all of them, each of N ranks 1/N (OMP_NUM_THREADS).
 The first step is a warm-up; step time is the median of the rest.
@@ -102,17 +103,19 @@ def rank_main(a: argparse.Namespace) -> None:
 
     from echo2cli.learner.sharded import ShardedTrainer
 
+    before = peak_bytes()
     trainer = ShardedTrainer(
         a.model,
         lr=1e-5,
         clip_eps=0.2,
         is_cap=3.0,
-        kl_coef=0.0,
+        kl_coef=a.kl_coef,
         max_grad_norm=1.0,
         micro_batch=64,
         max_tokens_per_micro_batch=a.micro_batch_tokens,
         activation_checkpointing=a.activation_checkpointing,
     )
+    startup = peak_bytes() - before  # what building the trainer (policy, KL reference, shards) added at its peak
     times: list[float] = []
     if trainer.rank == 0:
         for step in range(a.steps):
@@ -126,9 +129,10 @@ def rank_main(a: argparse.Namespace) -> None:
         trainer.follow()
         tokens = 0.0
     figures = {"rank": trainer.rank, "held_bytes": held_bytes(trainer), "peak_bytes": peak_bytes(), "times": times}
-    figures["tokens"] = tokens
+    figures["tokens"], figures["startup_bytes"] = tokens, startup
     (a.out / f"rank{trainer.rank}.json").write_text(json.dumps(figures))
-    dist.destroy_process_group()
+    if dist.is_initialized():  # `close` has left it on a clean finish
+        dist.destroy_process_group()
 
 
 def run_world(a: argparse.Namespace, model: Path, ranks: int, out: Path) -> list[dict]:
@@ -143,7 +147,16 @@ def run_world(a: argparse.Namespace, model: Path, ranks: int, out: Path) -> list
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
-PASSED = ("vocab", "prompts", "group_size", "prompt_tokens", "completion_tokens", "steps", "micro_batch_tokens")
+PASSED = (
+    "kl_coef",
+    "vocab",
+    "prompts",
+    "group_size",
+    "prompt_tokens",
+    "completion_tokens",
+    "steps",
+    "micro_batch_tokens",
+)
 
 
 def compare_versions(a: Path, b: Path) -> tuple[int, int, float]:
@@ -172,14 +185,20 @@ def main(a: argparse.Namespace) -> None:
         base = results[min(results)]
         base_held = max(r["held_bytes"] for r in base)
         base_step = statistics.median(base[0]["times"][1:] or base[0]["times"])
-        print(f"{'ranks':>5} {'step s':>8} {'compl tok/s':>11} {'held/rank GiB':>14} {'vs 1':>6} {'peak/rank GiB':>14}")
+        base_start = max(r["startup_bytes"] for r in base)
+        print(
+            f"{'ranks':>5} {'step s':>8} {'compl tok/s':>11} {'held/rank GiB':>14} {'vs 1':>6} {'peak/rank GiB':>14} "
+            f"{'start-up/rank GiB':>18} {'vs 1':>6}"
+        )
         for ranks, rs in results.items():
             step = statistics.median(rs[0]["times"][1:] or rs[0]["times"])
             held = max(r["held_bytes"] for r in rs)
             peak = max(r["peak_bytes"] for r in rs)
+            start = max(r["startup_bytes"] for r in rs)
             print(
                 f"{ranks:>5} {step:>8.2f} {rs[0]['tokens'] / step:>11.0f} {held / gib:>14.3f} "
-                f"{held / base_held:>6.3f} {peak / gib:>14.3f}   (step time vs 1: {step / base_step:.2f})"
+                f"{held / base_held:>6.3f} {peak / gib:>14.3f} {start / gib:>18.3f} {start / max(base_start, 1):>6.3f}"
+                f"   (step time vs 1: {step / base_step:.2f})"
             )
         for ranks in results:
             if ranks != min(results):
@@ -200,6 +219,7 @@ if __name__ == "__main__":
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--ranks", default="1,2")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the frozen KL reference model")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=64)

@@ -7,6 +7,11 @@ shards all-gathered as bf16, gradients reduced in fp32), the root unit in fp32, 
 reduction and the vocabulary head's logits stay fp32. A micro-batch is packed as in one process (`packing.py`):
 one pass through the layers whatever its rows, so every rank makes the same collectives.
 
+Start-up (`shard_load.py`): each rank builds the model on the meta device, shards it there and reads only its own
+rows of each tensor from the memory-mapped safetensors files, so no rank ever holds the whole model; the KL
+reference is built the same way, in bf16 where the layers compute in bf16. A model handed in whole (the
+benchmarks build theirs from a config) is sharded as it is.
+
 Rank 0 is the learner: coordinator, API, tracker and publisher run there alone. The other ranks only train:
 `follow()` waits for rank 0's next call (a step with its batch, an export, a checkpoint save or load) and
 makes the same one, so the collectives of every rank line up. In a step the batch's sequences are split
@@ -52,7 +57,8 @@ import torch.distributed as dist
 
 from echo2cli.errors import ConfigError
 from echo2cli.learner.batching import balance
-from echo2cli.learner.trainer import Trainer
+from echo2cli.learner.shard_load import is_meta, materialize, meta_model
+from echo2cli.learner.trainer import TokenLogp, Trainer
 
 DCP_DIR = "dcp"  # in a checkpoint: the sharded weights and optimizer state
 STOP = "stop"
@@ -158,25 +164,42 @@ def init_process_group() -> torch.device:
 class ShardedTrainer(Trainer):
     def __init__(self, model_dir: Path, **kwargs: Any) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         device = init_process_group()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         super().__init__(model_dir, device=device, **kwargs)
-        mesh = init_device_mesh(device.type, (self.world,))
-        # Layers compute in bf16 where the hardware has it: FSDP2 all-gathers each layer's fp32 shards as bf16
-        # and reduces gradients in fp32. The root unit (embeddings, final norm, head) stays fp32, for the
-        # head's fp32 logits (`TokenLogp`).
-        layers = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.autocast else None
-        for policy in [self.policy] + ([self.ref] if self.ref is not None else []):
-            for layer in policy.model.get_decoder().layers:
-                fully_shard(layer, mesh=mesh, **({"mp_policy": layers} if layers else {}))
-            fully_shard(policy, mesh=mesh)
         # the optimizer on the sharded parameters: each rank keeps AdamW state for its shards only
         lr = self.opt.param_groups[0]["lr"]
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.keepalive_s = min(KEEPALIVE_S, dist_timeout_s() / 4)
         self._told_at = time.monotonic()
+
+    # -- the models, sharded from the start (`shard_load.py`) ------------------------------------------
+
+    def _policy_model(self, model_dir: Path, model: torch.nn.Module | None) -> torch.nn.Module:
+        """From a directory: on the meta device, allocated and loaded shard by shard in `_placed`. A model handed
+        in whole (the benchmarks build theirs from a config) is sharded as it is."""
+        return super()._policy_model(model_dir, model) if model is not None else meta_model(model_dir, torch.float32)
+
+    def _reference_model(self, model_dir: Path) -> torch.nn.Module:
+        if not is_meta(self.model):
+            return super()._reference_model(model_dir)
+        return meta_model(model_dir, torch.bfloat16 if self.autocast else torch.float32).eval().requires_grad_(False)
+
+    def _placed(self, scorer: TokenLogp, model_dir: Path) -> TokenLogp:
+        """Each decoder layer one FSDP2 unit, the scorer (embeddings, final norm, head) the root. Layers compute in
+        bf16 where the hardware has it: FSDP2 all-gathers each layer's fp32 shards as bf16 and reduces gradients
+        in fp32. The root stays fp32, for the head's fp32 logits (`TokenLogp`)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        layers = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.autocast else None
+        for layer in scorer.model.get_decoder().layers:
+            fully_shard(layer, mesh=self.mesh, **({"mp_policy": layers} if layers else {}))
+        fully_shard(scorer, mesh=self.mesh)
+        if is_meta(scorer):
+            materialize(scorer, scorer.model, model_dir, self.device)
+        return scorer
 
     # -- rank 0 calls, every other rank follows -------------------------------------------------------
 

@@ -240,7 +240,7 @@ class Trainer:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
             torch.backends.cuda.matmul.allow_tf32 = True
-        self.model = model.to(self.device, torch.float32) if model is not None else _load(model_dir, self.device)
+        self.model = self._policy_model(model_dir, model)
         self.model.train()
         use_packed_attention(self.model)
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
@@ -248,11 +248,11 @@ class Trainer:
         self.peft = attach_adapters(self.model, lora) if lora is not None else None
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.policy = TokenLogp(self.model, share_prompts)
-        self.ref: TokenLogp | None = None
-        if kl_coef > 0 and self.peft is None:  # in bf16 where the forward runs in bf16 anyway: half the memory
-            ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-            self.ref = TokenLogp(ref.to(torch.bfloat16) if self.autocast else ref, share_prompts)
+        ref = self._reference_model(model_dir) if kl_coef > 0 and self.peft is None else None
+        if ref is not None:
+            use_packed_attention(ref)
+        self.policy = self._placed(TokenLogp(self.model, share_prompts), model_dir)
+        self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts), model_dir)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
@@ -262,6 +262,19 @@ class Trainer:
         self.temperature = temperature
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.outliers: list[dict] = []
+
+    # -- where the models live: one process holds them whole; `ShardedTrainer` overrides these three ----------
+
+    def _policy_model(self, model_dir: Path, model: torch.nn.Module | None) -> torch.nn.Module:
+        return model.to(self.device, torch.float32) if model is not None else _load(model_dir, self.device)
+
+    def _reference_model(self, model_dir: Path) -> torch.nn.Module:
+        """The frozen KL reference: a copy of the policy, in bf16 where the forward runs in bf16 anyway."""
+        ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return ref.to(torch.bfloat16) if self.autocast else ref
+
+    def _placed(self, scorer: TokenLogp, model_dir: Path) -> TokenLogp:
+        return scorer
 
     def _token_logp(self, model: torch.nn.Module, pack: Pack) -> torch.Tensor:
         """Log-prob of each completion token, [N, C] completion-aligned; 0 where the policy mask is 0."""

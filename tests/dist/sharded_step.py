@@ -1,7 +1,7 @@
 """Run under torchrun: GRPO steps with the sharded trainer (or, with --plain, the one-process trainer) on fixed
 batches; rank 0 writes the metrics, the exported bf16 version and a checkpoint to OUT. Used by tests/test_sharded.py.
 
-    sharded_step.py MODEL_DIR OUT [--plain] [--fp32] [--steps N] [--resume CHECKPOINT --first K]
+    sharded_step.py MODEL_DIR OUT [--plain] [--fp32] [--kl-coef K] [--steps N] [--resume CHECKPOINT --first K]
 """
 
 import argparse
@@ -14,7 +14,7 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
-KEEP = ("train/loss", "train/grad_norm", "train/is_weight_mean", "train/tokens", "train/abs_log_ratio_max")
+KEEP = ("train/loss", "train/grad_norm", "train/is_weight_mean", "train/tokens", "train/abs_log_ratio_max", "train/kl_ref")
 
 
 def batch(step: int) -> list[Group]:
@@ -39,7 +39,7 @@ def batch(step: int) -> list[Group]:
 
 
 def main(a: argparse.Namespace) -> None:
-    kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=3)
+    kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=a.kl_coef, max_grad_norm=1.0, micro_batch=3)
     kwargs["bf16"] = False if a.fp32 else None
     if a.plain:
         trainer = Trainer(a.model, **kwargs)
@@ -66,6 +66,7 @@ if __name__ == "__main__":
     p.add_argument("out", type=Path)
     p.add_argument("--plain", action="store_true")
     p.add_argument("--fp32", action="store_true")
+    p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--resume", type=Path)

@@ -68,6 +68,18 @@ def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model
         assert_same_weights(tmp_path / "plain" / weights, tmp_path / after_three / weights)
 
 
+def test_three_ranks_with_uneven_shards_and_a_kl_reference_step_like_one_process(tiny_model_dir, tmp_path):  # noqa: F811
+    """Each rank loads only its rows of each tensor (`shard_load.py`); 3 ranks split the 64-row embedding 22/22/20
+    and the 16-row k_proj 6/6/4. The KL reference is loaded the same way; its term moves the second step."""
+    plain = run(tiny_model_dir, tmp_path / "plain", "--kl-coef=0.5")
+    three = run(tiny_model_dir, tmp_path / "three", "--kl-coef=0.5", ranks=3)
+    assert plain[1]["train/kl_ref"] > 0
+    assert_close(three, plain)
+    assert_same_weights(
+        tmp_path / "plain" / "checkpoint/model.safetensors", tmp_path / "three" / "checkpoint/model.safetensors"
+    )
+
+
 def test_two_ranks_gather_the_same_version_file_byte_for_byte(tiny_model_dir, tmp_path):  # noqa: F811
     run(tiny_model_dir, tmp_path / "plain", "--steps=0")
     run(tiny_model_dir, tmp_path / "two", "--steps=0", ranks=2)
@@ -86,3 +98,14 @@ def test_after_a_step_the_bf16_version_of_two_ranks_is_within_one_bf16_step_of_o
         assert x[k].dtype == y[k].dtype == torch.bfloat16
         # fp32 weights 1e-7 apart can round to neighbouring bf16 values: at most one bf16 step (2^-8 relative)
         torch.testing.assert_close(x[k].float(), y[k].float(), rtol=2**-7, atol=1e-6, msg=k)
+
+
+def test_the_scale_benchmark_runs_a_tiny_shape_on_one_and_two_ranks():
+    script = Path(__file__).parent.parent.parent / "scripts" / "bench_learner_scale.py"
+    args = ["--hidden", "64", "--layers", "2", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
+            "--vocab", "256", "--steps", "1", "--kl-coef", "0.05", "--prompt-tokens", "8",
+            "--completion-tokens", "8"]  # fmt: skip
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1] in ("1", "2")]
+    assert [row[0] for row in table] == ["1", "2"] and "start-up/rank" in proc.stdout
