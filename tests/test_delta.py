@@ -167,3 +167,29 @@ def test_a_step_reports_the_newest_delta_written_not_the_one_still_encoding():
     assert delta_metrics({}) == {}
     stats = {v: {"delta_bytes": 3.0 * v, "full_bytes": 100.0, "encode_s": 0.5} for v in (1, 2)}
     assert delta_metrics(stats) == {"bcast/delta_version": 2, "bcast/delta_ratio": 0.06, "bcast/delta_encode_s": 0.5}
+
+
+def test_threads_code_the_same_delta_bytes_and_rebuild_the_same_file(tmp_path):
+    """Chunks coded and patched on several threads: the delta is the one-thread delta byte for byte, and the
+    rebuild is exact, across chunks with no change, with only long gaps, with big steps, and a short last one."""
+    rng = np.random.default_rng(1)
+    words = 5 * (1 << 18) + 1234
+    old = rng.integers(0x3C00, 0x3D00, size=words, dtype=np.uint16)
+    new = old.copy()
+    dense = rng.choice(1 << 18, size=5000, replace=False)  # chunk 0: dense changes of one unit
+    new[dense] += 1
+    sparse = (1 << 19) + rng.choice(1 << 18, size=40, replace=False)  # chunk 2: gaps of 255 or more
+    new[sparse] -= 1
+    big = (3 << 18) + rng.choice(1 << 18, size=3000, replace=False)  # chunk 3: steps of 2-300 either way
+    new[big] += rng.integers(-300, 300, size=big.size).astype(np.uint16)
+    new[-7:] ^= 1  # the short last chunk; chunks 1 and 4 unchanged
+    base, target = tmp_path / "v1", tmp_path / "v2"
+    old.tofile(base)
+    new.tofile(target)
+    encode_delta(base, target, tmp_path / "one.delta", workers=1)
+    encode_delta(base, target, tmp_path / "four.delta", workers=4)
+    assert (tmp_path / "one.delta").read_bytes() == (tmp_path / "four.delta").read_bytes()
+    for workers in (1, 4):
+        out = tmp_path / f"rebuilt{workers}"
+        assert apply_delta(base, tmp_path / "four.delta", out, workers=workers) == sha256_file(target)
+        assert out.read_bytes() == target.read_bytes()

@@ -29,15 +29,17 @@ hash before it is renamed into place, so a version is never half-built or wrong.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from echo2cli.broadcast.torrent import sha256_file
+from echo2cli.broadcast.torrent import sha256_file, spare_cores
 from echo2cli.errors import BroadcastError
 
 MAGIC = b"ECHO2DELTA3\n"
@@ -77,50 +79,65 @@ def from_position(pos: np.ndarray) -> np.ndarray:
     return np.where(pos < 0, 0x8000 | (-pos - 1), pos).astype(np.uint16)
 
 
+def _encode_chunk(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """One chunk's part of each stream (before the bit packing and the byte planes)."""
+    order = visit_order(a)
+    a, b = a[order], b[order]
+    idx = np.flatnonzero(a != b)
+    gaps = np.diff(idx, prepend=-1) - 1
+    step = position(b[idx]) - position(a[idx])
+    size = np.abs(step)
+    return {
+        "counts": np.array([idx.size], np.uint32),
+        "gaps": np.minimum(gaps, LONG_GAP).astype(np.uint8),
+        "long": gaps[gaps >= LONG_GAP].astype(np.uint32),
+        "signs": step < 0,
+        "big": size > 1,
+        "steps": (size[size > 1] - 2).astype(np.uint16),
+    }
+
+
 def encode_delta(
-    base: Path, target: Path, out: Path, *, base_sha256: str = "", target_sha256: str = "", level: int = 3
+    base: Path,
+    target: Path,
+    out: Path,
+    *,
+    base_sha256: str = "",
+    target_sha256: str = "",
+    level: int = 3,
+    workers: int | None = None,
 ) -> dict:
     """Write the delta that turns `base` into `target`; returns its header (sizes, hashes).
 
-    Pass the files' SHA-256 if already known (the publisher has them) to skip hashing them again.
+    Pass the files' SHA-256 if already known (the publisher has them) to skip hashing them again. The chunks
+    are coded on `workers` threads (default: `spare_cores()`; numpy's sorts, compares and gathers release the
+    GIL) and joined in file order, so the delta is the same bytes whatever the thread count.
     """
     import zstandard
 
     old, new = _words(base), _words(target)
     if old.size != new.size:
         raise BroadcastError("base and target differ in size: a delta needs the same tensor layout")
-    hashes = {name: hashlib.sha256() for name, known in (("base", base_sha256), ("target", target_sha256)) if not known}
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in STREAMS}
-    for start in _chunks(new.size):
-        a, b = old[start : start + CHUNK_WORDS], new[start : start + CHUNK_WORDS]
-        for name, words in (("base", a), ("target", b)):
-            if name in hashes:
-                hashes[name].update(words.data)
-        order = visit_order(a)
-        a, b = a[order], b[order]
-        idx = np.flatnonzero(a != b)
-        gaps = np.diff(idx, prepend=-1) - 1
-        step = position(b[idx]) - position(a[idx])
-        size = np.abs(step)
-        parts["counts"].append(np.array([idx.size], np.uint32))
-        parts["gaps"].append(np.minimum(gaps, LONG_GAP).astype(np.uint8))
-        parts["long"].append(gaps[gaps >= LONG_GAP].astype(np.uint32))
-        parts["signs"].append(step < 0)
-        parts["big"].append(size > 1)
-        parts["steps"].append((size[size > 1] - 2).astype(np.uint16))
+    base_sha256, target_sha256 = base_sha256 or sha256_file(base), target_sha256 or sha256_file(target)
+    workers = workers or spare_cores()
+    with ThreadPoolExecutor(workers, thread_name_prefix="delta") as pool:
+        coded = list(pool.map(lambda at: _encode_chunk(old[at : at + CHUNK_WORDS], new[at : at + CHUNK_WORDS]),
+                              _chunks(new.size)))  # fmt: skip
+    parts = {name: [c[name] for c in coded] for name in STREAMS}
+    del coded
     streams = {name: np.concatenate(p) if p else np.zeros(0, np.uint8) for name, p in parts.items()}
     streams["signs"], streams["big"] = np.packbits(streams["signs"]), np.packbits(streams["big"])
     steps = streams["steps"].astype(np.uint16).view(np.uint8)
     streams["steps"] = np.concatenate([steps[0::2], steps[1::2]])  # low bytes, then high bytes (mostly 0)
-    z = zstandard.ZstdCompressor(level=level, threads=-1)
+    z = zstandard.ZstdCompressor(level=level, threads=workers)  # threads >= 1: the same frames for any count
     blobs = [z.compress(streams[name].tobytes()) for name in STREAMS]
     header = {
         "words": int(new.size),
         "chunk_words": CHUNK_WORDS,
         "changed": int(streams["gaps"].size),
         "blob_bytes": [len(b) for b in blobs],
-        "base_sha256": base_sha256 or hashes["base"].hexdigest(),
-        "target_sha256": target_sha256 or hashes["target"].hexdigest(),
+        "base_sha256": base_sha256,
+        "target_sha256": target_sha256,
     }
     raw = json.dumps(header).encode()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,13 +202,20 @@ def _streams(delta: Path, header: dict, offset: int) -> dict[str, np.ndarray]:
 
 
 def apply_delta(
-    base: Path, delta: Path, out: Path, expected_sha256: str | None = None, *, base_verified: bool = False
+    base: Path,
+    delta: Path,
+    out: Path,
+    expected_sha256: str | None = None,
+    *,
+    base_verified: bool = False,
+    workers: int | None = None,
 ) -> str:
     """Rebuild the target from `base` + `delta` into `out`; returns its SHA-256 (verified).
 
-    One pass, a chunk at a time: patch, hash and write each chunk of the base. The result is renamed into
-    place only once its SHA-256 matches, so a wrong or corrupt delta leaves nothing at `out`.
-    `base_verified=True` skips re-hashing a base the caller has already checked (a loaded version).
+    The chunks are patched on `workers` threads (default: `spare_cores()`), a few ahead of the one being hashed
+    and written, in file order, by this thread. The result is renamed into place only once its SHA-256
+    matches, so a wrong or corrupt delta leaves nothing at `out`. `base_verified=True` skips re-hashing a base
+    the caller has already checked (a loaded version).
     """
     header, offset = read_header(delta)
     old = _words(base)
@@ -202,38 +226,20 @@ def apply_delta(
         or (not base_verified and sha256_file(base) != header.get("base_sha256"))
     ):
         raise BroadcastError(f"{base} is not the base this delta was made against")
-    s = _streams(delta, header, offset)
+    patch = _Patcher(old, _streams(delta, header, offset), delta)
+    workers = workers or spare_cores()
     digest = hashlib.sha256()
-    buf: np.ndarray = np.empty(min(CHUNK_WORDS, words), np.uint16)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     try:
-        with open(tmp, "wb") as f:
-            used = used_long = used_big = 0  # read so far from gaps (and signs, big), long, steps
-            for k, start in zip(s["counts"].tolist(), _chunks(words), strict=True):
-                n = min(CHUNK_WORDS, words - start)
-                gaps: np.ndarray = s["gaps"][used : used + k].astype(np.int64)
-                long = gaps == LONG_GAP
-                n_long = int(np.count_nonzero(long))
-                gaps[long] = s["long"][used_long : used_long + n_long]
-                visited = np.cumsum(gaps + 1) - 1  # positions in the chunk's visit order
-                if k and visited[-1] >= n:
-                    raise BroadcastError(f"delta {delta} is inconsistent with its header")
-                idx = visit_order(old[start : start + n])[visited] if k else visited
-                big = s["big"][used : used + k]
-                n_big = int(np.count_nonzero(big))
-                steps = np.ones(k, np.int32)
-                steps[big] = s["steps"][used_big : used_big + n_big] + 2
-                steps[s["signs"][used : used + k]] *= -1
-                pos = position(old[start : start + n][idx]) + steps if k else idx
-                if k and (pos.min() < -0x8000 or pos.max() > 0x7FFF):
-                    raise BroadcastError(f"delta {delta} is inconsistent with its header")
-                chunk = buf[:n]
-                chunk[:] = old[start : start + n]
-                chunk[idx] = from_position(pos)
-                used, used_long, used_big = used + k, used_long + n_long, used_big + n_big
-                digest.update(chunk.data)
-                f.write(chunk.data)
+        with open(tmp, "wb") as f, ThreadPoolExecutor(workers, thread_name_prefix="rebuild") as pool:
+            ahead: collections.deque = collections.deque()
+            for chunk in range(len(patch.starts)):
+                ahead.append(pool.submit(patch, chunk))
+                while ahead and (len(ahead) > 2 * workers or chunk == len(patch.starts) - 1):
+                    done = ahead.popleft().result()
+                    digest.update(done.data)
+                    f.write(done.data)
         got, want = digest.hexdigest(), expected_sha256 or header.get("target_sha256")
         if got != want:
             raise BroadcastError(f"rebuilt version does not match its SHA-256 ({got[:12]} != {str(want)[:12]})")
@@ -241,3 +247,41 @@ def apply_delta(
     finally:
         tmp.unlink(missing_ok=True)
     return got
+
+
+class _Patcher:
+    """Chunk k of the target from the base's chunk k and the streams; chunks are independent (each knows where
+    its changes start in every stream), so any number of threads can patch them at once."""
+
+    def __init__(self, old: np.ndarray, s: dict[str, np.ndarray], delta: Path) -> None:
+        self.old, self.s, self.delta = old, s, delta
+        self.starts = list(_chunks(old.size))
+        counts: np.ndarray = s["counts"].astype(np.int64)
+        self.used = np.concatenate([[0], np.cumsum(counts)])  # chunk k's changes: used[k] .. used[k + 1]
+        self.used_long = np.concatenate([[0], np.cumsum(s["gaps"] == LONG_GAP)])[self.used]
+        self.used_big = np.concatenate([[0], np.cumsum(s["big"])])[self.used]
+
+    def __call__(self, k: int) -> np.ndarray:
+        s, start = self.s, self.starts[k]
+        n = min(CHUNK_WORDS, self.old.size - start)
+        base = self.old[start : start + n]
+        lo, hi = int(self.used[k]), int(self.used[k + 1])
+        chunk = np.array(base)  # a copy in memory, patched below
+        if hi == lo:
+            return chunk
+        gaps: np.ndarray = s["gaps"][lo:hi].astype(np.int64)
+        long = gaps == LONG_GAP
+        gaps[long] = s["long"][int(self.used_long[k]) : int(self.used_long[k + 1])]
+        visited = np.cumsum(gaps + 1) - 1  # positions in the chunk's visit order
+        if visited[-1] >= n:
+            raise BroadcastError(f"delta {self.delta} is inconsistent with its header")
+        idx = visit_order(base)[visited]
+        big = s["big"][lo:hi]
+        steps: np.ndarray = np.ones(hi - lo, np.int32)
+        steps[big] = s["steps"][int(self.used_big[k]) : int(self.used_big[k + 1])] + 2
+        steps[s["signs"][lo:hi]] *= -1
+        pos = position(base[idx]) + steps
+        if pos.min() < -0x8000 or pos.max() > 0x7FFF:
+            raise BroadcastError(f"delta {self.delta} is inconsistent with its header")
+        chunk[idx] = from_position(pos)
+        return chunk

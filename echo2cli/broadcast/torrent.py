@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from echo2cli.errors import BroadcastError
 
 MIN_PIECE, MAX_PIECE, TARGET_PIECES = 256 << 10, 4 << 20, 512
 
@@ -53,8 +58,47 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-def make_torrent(version_dir: Path, tracker_url: str) -> TorrentFile:
-    """Torrent over `version_dir` (one directory, so the torrent's name is the directory's name)."""
+def spare_cores() -> int:
+    """Threads for hashing and delta coding: every core this process may run on (the learner's steps run on
+    its GPUs; on a CPU learner they share the cores with training, which the OS schedules)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def piece_hashes(ct: Any, root: Path, workers: int) -> list[bytes]:
+    """SHA-1 of each piece of `ct`'s files (under `root`, as `lt.set_piece_hashes` takes it), `workers` pieces
+    at a time: hashlib releases the GIL, so the pieces hash on as many cores. The same digests as libtorrent's
+    own hasher, which runs on one thread (tests/test_torrent_hashing.py)."""
+    fs = ct.files()
+    spans = [  # (absolute offset, size, path or None for a pad file)
+        (fs.file_offset(i), fs.file_size(i), None if fs.file_flags(i) & fs.flag_pad_file else root / fs.file_path(i))
+        for i in range(fs.num_files())
+    ]
+    fds = {path: os.open(path, os.O_RDONLY) for _, _, path in spans if path is not None}
+    try:
+
+        def one(piece: int) -> bytes:
+            start, size = piece * ct.piece_length(), ct.piece_size(piece)
+            h = hashlib.sha1()
+            for offset, length, path in spans:
+                lo, hi = max(start, offset), min(start + size, offset + length)
+                if lo >= hi:
+                    continue
+                data = bytes(hi - lo) if path is None else os.pread(fds[path], hi - lo, lo - offset)
+                if len(data) != hi - lo:
+                    raise BroadcastError(f"{path} changed while its torrent was made")
+                h.update(data)
+            return h.digest()
+
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="hash") as pool:
+            return list(pool.map(one, range(ct.num_pieces())))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def make_torrent(version_dir: Path, tracker_url: str, workers: int | None = None) -> TorrentFile:
+    """Torrent over `version_dir` (one directory, so the torrent's name is the directory's name); its pieces
+    hashed on `workers` threads (default: `spare_cores()`)."""
     import libtorrent as lt
 
     files = lt.list_files(str(version_dir))
@@ -63,6 +107,7 @@ def make_torrent(version_dir: Path, tracker_url: str) -> TorrentFile:
     ct.add_tracker(tracker_url)
     ct.set_priv(True)  # no DHT/PEX-from-outside: the learner's tracker is the only rendezvous
     ct.set_creator("echo2")
-    lt.set_piece_hashes(ct, str(version_dir.parent))
+    for piece, digest in enumerate(piece_hashes(ct, version_dir.parent, workers or spare_cores())):
+        ct.set_hash(piece, digest)
     data = lt.bencode(ct.generate())  # generate_buf() is broken in libtorrent 2.1.1
     return TorrentFile(data, str(lt.torrent_info(data).info_hashes().v1))
