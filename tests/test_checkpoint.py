@@ -274,3 +274,20 @@ def test_a_sharded_checkpoint_given_to_a_one_process_learner_says_to_use_ranks(t
     (tmp_path / "dcp").mkdir()
     with pytest.raises(ValueError, match="written by a sharded learner: resume it with --nproc-per-node"):
         make_trainer(tiny_model_dir).load_checkpoint(tmp_path)
+
+
+def test_publish_returns_the_time_it_waited_for_the_version_still_in_flight(tiny_model_dir, tmp_path):  # noqa: F811
+    """`learner/t_publish_wait_s`: the training path's time lost to a publisher slower than a step."""
+    import threading
+
+    from echo2cli.learner.publisher import Publisher
+
+    released = threading.Event()
+    node = SimpleNamespace(seed=lambda key, data, root: released.wait(), remove=lambda *a, **k: None)
+    coord = SimpleNamespace(publish=lambda info: None, versions_in_download=set)
+    publisher = Publisher(make_trainer(tiny_model_dir), node, coord, tmp_path / "versions", "http://t/announce", keep=5)
+    first = publisher.publish(0)  # nothing in flight: no wait
+    threading.Timer(0.3, released.set).start()  # version 0's seed returns 0.3 s from now
+    second = publisher.publish(1)
+    assert second >= 0.3 > first  # by construction: the release comes 0.3 s after the first publish returned
+    publisher.close()

@@ -106,8 +106,9 @@ def test_pool_file_count_expands_identical_workers(tmp_path):
     assert [w.name for w in workers] == ["g-1", "g-2", "g-3"] and learner == {}
 
 
-def fake_run(tmp_path: Path) -> Path:
+def fake_run(tmp_path: Path, announce_s: float = 2.0) -> Path:
     """A run directory as `echo2 learner` writes it: config.json, metrics.jsonl, summary.json."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(
         json.dumps({"prompts_per_step": 4, "group_size": 8, "staleness": 2, "kappa": 1, "gamma": 1.1})
     )
@@ -118,6 +119,7 @@ def fake_run(tmp_path: Path) -> Path:
             "learner/t_train_s": busy - 1,
             "learner/bubble_ratio": 0.2,
             "bcast/t_s": 3.0 + t,
+            "bcast/t_announce_s": announce_s,
             "bcast/version": t,
         }
         for t, busy in enumerate([30.0, 10.0, 12.0, 11.0])
@@ -164,6 +166,14 @@ def test_plan_from_run_compares_measured_and_predicted_bubble(tmp_path):
     assert out["run"]["measured_bubble"] == 0.2
     flagged = plan_json("--from-run", str(tmp_path), "--t-train", "20")  # flags override the run's numbers
     assert flagged["inputs"]["t_train_s"] == 20
+
+
+def test_plan_warns_when_publishing_a_version_takes_longer_than_a_step(tmp_path):
+    quick = plan_json("--from-run", str(fake_run(tmp_path / "quick")))
+    assert not [n for n in quick["notes"] if "publisher" in n]
+    slow = plan_json("--from-run", str(fake_run(tmp_path / "slow", announce_s=25.0)))
+    (note,) = [n for n in slow["notes"] if "publisher" in n]
+    assert "takes 25.0 s, more than the 11.0 s between versions" in note
 
 
 def test_from_run_on_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path):

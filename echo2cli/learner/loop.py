@@ -5,7 +5,8 @@
         wait until B admissible groups are ready            (learner/t_wait_s: the bubble)
         one GRPO step on them                               (learner/t_train_s: T_train)
         publish version t+1 every kappa steps               (learner/t_publish_s: the copy of the weights;
-                                                             written and announced in the background)
+                                                             written and announced in the background;
+                                                             learner/t_publish_wait_s: waiting for the last one)
         record: one metrics line; re-plan cost-aware activation every plan_every steps and on joins and
             deaths (activation.py); evaluate every eval_every-th version in a subprocess (periodic_eval.py);
             checkpoint every checkpoint_every steps
@@ -319,7 +320,7 @@ class Learner:
                 **self.trainer.step(groups, t),
             }
             version = t + 1
-            t_publish = self._publish(version)
+            t_publish, record["learner/t_publish_wait_s"] = self._publish(version)  # the wait: of t_publish
             self.coord.advance(version)
             self._tick(version)
             self._record(record, version, t_start=t_start, t0=t0, t_wait=t_wait, t_publish=t_publish)
@@ -342,16 +343,17 @@ class Learner:
                 self.trainer.keep_alive()  # the other ranks wait for the next step in a collective that times out
         return None
 
-    def _publish(self, version: int) -> float:
+    def _publish(self, version: int) -> tuple[float, float]:
         """Publish every kappa-th version (and the last); start its evaluation if one is due. Returns the seconds
-        the training loop spent on it: waiting for the previous version to be announced, and copying the weights."""
-        t0 = time.time()
+        the training loop spent on it (waiting for the previous version to be announced, and copying the
+        weights) and of those the wait alone."""
+        t0, waited = time.time(), 0.0
         if version % self.cfg.kappa == 0 or version == self.cfg.steps:
-            self.publisher.publish(version)
+            waited = self.publisher.publish(version)
             if self.evals.due(version):
                 self.publisher.wait()  # the evaluation reads the file
                 self.evals.start(version, self.publisher.weights_path(version))
-        return time.time() - t0
+        return time.time() - t0, waited
 
     def _tick(self, step: int) -> None:
         """Torrent alerts, cost-aware activation, and T_bcast of versions the fleet now runs."""

@@ -68,20 +68,25 @@ class Publisher:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="publish") if background else None
         self._pending: Future | None = None
 
-    def publish(self, version: int) -> None:
-        """Copy the weights now; write and announce them in the background (see the module docstring)."""
+    def publish(self, version: int) -> float:
+        """Copy the weights now; write and announce them in the background (see the module docstring). Returns
+        the seconds it first waited for the previous version to be announced: the training path's time lost to
+        a publisher slower than a step (`learner/t_publish_wait_s`)."""
+        t0 = time.perf_counter()
         self.wait()
+        waited = time.perf_counter() - t0
         if self.trainer.lora is not None and 0 not in self.sizes:  # the base, once, before the first adapters
             self._write_and_announce(0, self.trainer.base_weights_bf16(), time.perf_counter())
             if version == 0:
-                return
+                return waited
         tensors = self.trainer.weights_bf16()
         if tensors is None:
-            return
+            return waited
         if self._pool is None:
             self._write_and_announce(version, tensors, time.perf_counter())
         else:
             self._pending = self._pool.submit(self._write_and_announce, version, tensors, time.perf_counter())
+        return waited
 
     def wait(self) -> None:
         """Until the version in flight is announced; raises what went wrong with it."""

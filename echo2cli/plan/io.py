@@ -55,6 +55,7 @@ def plan_from(cfg: PlanConfig) -> Planned:
     base: dict[str, Any] = from_run(cfg.from_run) if cfg.from_run else {}
     pool: list[WorkerSpec] = base.pop("pool", [])
     measured = {k: base.pop(k) for k in ("measured_bubble", "steps") if k in base}
+    t_publish = base.pop("t_publish_s", None)
     learner: dict[str, float] = {}
     if cfg.workers is not None:
         pool, learner = load_pool(cfg.workers)
@@ -87,6 +88,12 @@ def plan_from(cfg: PlanConfig) -> Planned:
     inputs = PlanInputs(lease_rollouts=cfg.lease_rollouts, **base)
     result = plan(inputs, pool, rule=cfg.rule, seed=cfg.seed)
     report = result.to_dict()
+    if t_publish is not None and t_publish > inputs.kappa * inputs.t_train_s:
+        report["notes"].append(
+            f"publishing a version (weights copied to announced) takes {t_publish:.1f} s, more than the "
+            f"{inputs.kappa * inputs.t_train_s:.1f} s between versions (kappa*T_train): the learner waits on its "
+            "publisher (learner/t_publish_wait_s) and every version reaches workers later"
+        )
     if measured and pool:
         predicted = bubble_ratio(inputs, pool)
         report["run"] = {**measured, "predicted_bubble": predicted, "workers": [w.name for w in pool]}
@@ -159,7 +166,9 @@ def from_run(run_dir: Path) -> dict[str, Any]:
             name = w["name"] if w["name"] not in seen else f"{w['name']}-{w['worker_id'][:4]}"
             seen.add(name)
             pool.append(WorkerSpec(name, w["usd_per_hour"], w["rollouts_per_s"], w.get("lease_rollouts")))
+    announce = [r["bcast/t_announce_s"] for r in rows[1:] if r.get("bcast/t_announce_s") is not None]
     return {
+        "t_publish_s": statistics.median(announce) if announce else None,
         "batch": config["prompts_per_step"] * config["group_size"],
         "group_size": config["group_size"],
         "t_train_s": statistics.median(busy[1:]),  # step 0 waits for the engines and warms up the trainer
