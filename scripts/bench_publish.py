@@ -1,0 +1,188 @@
+"""Publishing and taking a version at the sizes of real models, stage by stage, on 1, 2, ... cores.
+
+    .venv/bin/python scripts/bench_publish.py --shape 0.6b --cores 1,2 [--json results.json] [--dir DIR]
+
+Builds two synthetic bf16 versions of a Qwen3 shape (random weights; the second moves ~4 % of its 16-bit words
+by one unit in the last place, as one learner step at a small learning rate does), then, in a fresh process
+pinned to each core count (`sched_setaffinity`: `spare_cores()` and torch's threads see that many), times every
+stage of the learner's publish in the publisher's order and of a worker's take:
+
+  learner   snapshot (the bf16 copy of the weights), write (safetensors file), piece hashes + torrent,
+            seed (libtorrent session), digest (whole-file SHA-256, which the API announces), delta encode,
+            delta torrent + seed
+  worker    rebuild (delta -> file, with its SHA-256 check), verify (SHA-256 of a full download)
+  bound     one plain read and write of the version file (8 MiB blocks): what any publish must at least do
+
+and prints each stage's seconds, the speed-up over the fewest cores, and the whole publish against the bound.
+Files go to DIR (default: a temporary directory, removed at the end). Shapes 4b and 8b need 8 and 16 GB per
+version on disk and about three times that in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHAPES = {  # Qwen3 configs (config.json of Qwen/Qwen3-*): hidden, intermediate, layers, heads, kv heads, tied
+    "tiny": (128, 384, 2, 4, 2, True),  # for the test that the script runs
+    "0.6b": (1024, 3072, 28, 16, 8, True),
+    "1.7b": (2048, 6144, 28, 16, 8, True),
+    "4b": (2560, 9728, 36, 32, 8, True),
+    "8b": (4096, 12288, 36, 32, 8, False),
+}
+VOCAB, HEAD_DIM, CHANGED = 151936, 128, 0.04
+
+
+def shapes(name: str) -> dict[str, tuple[int, ...]]:
+    hidden, inter, layers, heads, kv, tied = SHAPES[name]
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "self_attn.q_proj.weight": (heads * HEAD_DIM, hidden),
+            p + "self_attn.k_proj.weight": (kv * HEAD_DIM, hidden),
+            p + "self_attn.v_proj.weight": (kv * HEAD_DIM, hidden),
+            p + "self_attn.o_proj.weight": (hidden, heads * HEAD_DIM),
+            p + "self_attn.q_norm.weight": (HEAD_DIM,),
+            p + "self_attn.k_norm.weight": (HEAD_DIM,),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+    out["model.norm.weight"] = (hidden,)
+    if not tied:
+        out["lm_head.weight"] = (VOCAB, hidden)
+    return out
+
+
+def build(shape: str, root: Path) -> None:
+    """v1 and v2 (one step-like change apart) as bf16 safetensors files."""
+    from echo2cli.learner.trainer import write_weights
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    v1, v2 = {}, {}
+    for name, dims in shapes(shape).items():
+        t = (torch.randn(dims) * 0.02).to(torch.bfloat16)
+        v1[name] = t
+        words = t.view(torch.int16).numpy().copy()
+        moved = rng.integers(0, 1 << 16, words.size, dtype=np.uint16) < int(CHANGED * (1 << 16))
+        words.reshape(-1)[moved] += rng.choice(np.array([1, -1], np.int16), int(moved.sum()))
+        v2[name] = torch.from_numpy(words).view(torch.bfloat16)
+    write_weights(v1, root / "v1" / "model.safetensors")
+    write_weights(v2, root / "v2" / "model.safetensors")
+
+
+def timed(figures: dict[str, float], stage: str, fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    figures[stage] = time.perf_counter() - t0
+    return out
+
+
+def clone_all(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in tensors.items()}
+
+
+def plain_copy(src: Path, dst: Path) -> None:
+    with open(src, "rb") as f, open(dst, "wb") as g:
+        while block := f.read(8 << 20):
+            g.write(block)
+
+
+def one_core_count(root: Path, cores: int) -> dict[str, float]:
+    """Every stage in this process, pinned to `cores` cores."""
+    from safetensors.torch import load_file
+
+    from echo2cli.broadcast.delta import apply_delta, encode_delta
+    from echo2cli.broadcast.node import TorrentNode
+    from echo2cli.broadcast.torrent import make_torrent, sha256_file
+    from echo2cli.learner.trainer import write_weights
+
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
+    torch.set_num_threads(cores)
+    out, f = root / f"c{cores}", {}
+    weights = load_file(str(root / "v2" / "model.safetensors"))  # the learner's bf16 weights, here on the CPU
+    version = out / "v2" / "model.safetensors"
+    tracker = "http://127.0.0.1:9/announce"
+    node = TorrentNode("127.0.0.1:0")
+    try:
+        snapshot = timed(f, "snapshot", clone_all, weights)
+        del weights
+        timed(f, "write", write_weights, snapshot, version)
+        del snapshot
+        torrent = timed(f, "piece hashes + torrent", make_torrent, version.parent, tracker)
+        timed(f, "seed", node.seed, "full", torrent.data, out)
+        base_sha = sha256_file(root / "v1" / "model.safetensors")  # known to the publisher from the last version
+        digest = timed(f, "digest", sha256_file, version)
+        delta = out / "v2.delta" / "model.delta"
+        timed(f, "delta encode", encode_delta, root / "v1" / "model.safetensors", version, delta,
+              base_sha256=base_sha, target_sha256=digest)  # fmt: skip
+        t0 = time.perf_counter()
+        node.seed("delta", make_torrent(delta.parent, tracker).data, out)
+        f["delta torrent + seed"] = time.perf_counter() - t0
+        f["publish"] = sum(f.values())
+        rebuilt = out / "rebuilt" / "model.safetensors"
+        timed(f, "rebuild", apply_delta, root / "v1" / "model.safetensors", delta, rebuilt, digest, base_verified=True)
+        timed(f, "verify", sha256_file, rebuilt)
+        timed(f, "bound: read + write", plain_copy, version, out / "copy.bin")
+    finally:
+        node.close()
+        shutil.rmtree(out, ignore_errors=True)
+    return f | {"bytes": float((root / "v2" / "model.safetensors").stat().st_size)}
+
+
+def main(a: argparse.Namespace) -> None:
+    cores = [int(c) for c in a.cores.split(",")]
+    if max(cores) > len(os.sched_getaffinity(0)):
+        sys.exit(f"--cores {a.cores}: this machine lets this process use {len(os.sched_getaffinity(0))} cores")
+    with tempfile.TemporaryDirectory(prefix="echo2-publish-", dir=a.dir) as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        build(a.shape, root)
+        size = (root / "v2" / "model.safetensors").stat().st_size
+        print(f"shape {a.shape}: {size / 1e9:.2f} GB per bf16 version (built in {time.perf_counter() - t0:.0f} s)")
+        results = {}
+        for c in cores:
+            cmd = [sys.executable, __file__, "--one", str(c), "--root", str(root)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            results[c] = json.loads(proc.stdout.strip().splitlines()[-1])
+    first = results[cores[0]]
+    print(f"{'stage':<24}" + "".join(f"{f'{c} cores s':>12}" for c in cores) + f"{'speed-up':>10}{'GB/s':>8}")
+    for stage in [k for k in first if k != "bytes"]:
+        row = "".join(f"{results[c][stage]:>12.2f}" for c in cores)
+        best = results[cores[-1]][stage]
+        print(f"{stage:<24}{row}{first[stage] / best:>10.2f}{size / 1e9 / best:>8.2f}")
+    for c in cores:
+        r = results[c]
+        speed = r["bound: read + write"] / r["publish"]
+        print(f"{c} cores: publish {r['publish']:.2f} s = {speed:.2f} x the bound's speed")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "cores": results}, indent=1))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
+    p.add_argument("--cores", default="1,2", help="core counts to run, comma-separated, fewest first")
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--dir", help="where the versions are built (default: the system's temporary directory)")
+    p.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(one_core_count(args.root, args.one)))
+    else:
+        main(args)
