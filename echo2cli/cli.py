@@ -7,13 +7,16 @@ are `Echo2Error`s and print one line, `echo2: error: ...`, with exit code 2 — 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -95,7 +98,7 @@ def learner(
     from echo2cli.learner.sharded import under_torchrun, world
 
     if cfg.nproc_per_node > 1 and not under_torchrun():
-        _relaunch_under_torchrun(cfg.nproc_per_node)
+        _run_under_torchrun(cfg.nproc_per_node, cfg.out_dir)
     from echo2cli.learner.loop import Learner, follow_learner
 
     if world()[0] != 0:
@@ -121,10 +124,37 @@ def learner(
         console.print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s; metrics {summary['metrics']}")
 
 
-def _relaunch_under_torchrun(nproc: int) -> None:
-    """This same command again as `nproc` ranks of one torchrun job (rank 0 is the learner, the rest train)."""
+def _run_under_torchrun(nproc: int, out_dir: Path) -> NoReturn:
+    """This same command again as `nproc` ranks of one torchrun job (rank 0 is the learner, the rest train), run
+    as a child of this process, which exits with its code. Signals: the first SIGTERM or SIGINT goes to rank 0
+    alone, which finishes its step, checkpoints and then stops every rank; a second one goes to torchrun, which
+    stops the ranks at once. (Given the first, torchrun's agent would itself SIGTERM every rank and SIGKILL them
+    30 s later, whatever rank 0 still had to write.) If this process is killed, torchrun is killed with it."""
+    from echo2cli.launch import rank0_pid
+
     sys.stdout.flush()
-    os.execv(sys.executable, torchrun_argv(nproc, sys.argv[1:]))
+    started = time.time()
+    proc = subprocess.Popen(torchrun_argv(nproc, sys.argv[1:]), start_new_session=True, preexec_fn=_die_with_parent)
+    signals = 0
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal signals
+        signals += 1
+        rank0 = rank0_pid(out_dir, started) if signals == 1 else None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank0 or proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    sys.exit(proc.wait())
+
+
+def _die_with_parent() -> None:
+    """In the torchrun child: SIGKILL when this process dies (its ranks follow: `sharded.die_with_parent`)."""
+    import ctypes
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
 
 
 def torchrun_argv(nproc: int, args: list[str]) -> list[str]:

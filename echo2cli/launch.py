@@ -65,6 +65,17 @@ def announce_learner(out: Path, info: dict[str, Any]) -> None:
     tmp.rename(out / LEARNER_FILE)
 
 
+def rank0_pid(out: Path, since: float) -> int | None:
+    """The pid in `out`'s learner.json if a learner wrote it at or after `since` (not a previous run's file)."""
+    try:
+        if (out / LEARNER_FILE).stat().st_mtime < since:
+            return None
+        pid = json.loads((out / LEARNER_FILE).read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
 def wait_for_learner(proc: subprocess.Popen, out: Path, log: Path, timeout_s: float = 600) -> dict[str, Any]:
     """The learner's `learner.json` once it serves; an Echo2Error naming the log if it exits or takes too long."""
     deadline = time.time() + timeout_s

@@ -24,6 +24,9 @@ HF export of the full fp32 weights, so `echo2 eval` reads a sharded run's checkp
 
 How the ranks end:
 1. A clean finish: rank 0 says STOP (`close`), each rank leaves its process group and the process (`leave`).
+   A stop request is one: `echo2 learner --nproc-per-node N` runs torchrun as its child and hands the first
+   SIGTERM or SIGINT to rank 0 alone (`cli._run_under_torchrun`), which stops at the step boundary as one process
+   does; given to torchrun's agent, the signal would go to every rank, with SIGKILL 30 s later.
 2. A failure on any rank (an exception in a step, a checkpoint, `follow`): that rank sends nothing more and its
    process exits at once with code 1 (`exit_failed_rank`, called by `cli.main`). The other ranks may be inside a
    collective of the call it left (an FSDP all-gather, the gradient norm's all-reduce): a STOP, or anything else,

@@ -43,3 +43,28 @@ def test_a_learner_that_fails_does_not_tell_workers_finished(tmp_path, monkeypat
     with pytest.raises(DiskFullError):
         learner.run()
     assert not learner.coord.finished
+
+
+def test_sigterm_to_a_sharded_learner_reaches_rank_0_which_checkpoints_and_every_rank_exits_0(tmp_path):
+    """`echo2 learner --nproc-per-node 2` runs torchrun as its child and gives the first SIGTERM to rank 0 alone,
+    the way a one-process learner takes it. Handed to torchrun's agent, the signal would end the job with code 1
+    and SIGKILL every rank 30 s later, whatever rank 0 was still writing."""
+    import signal
+
+    from procs import spawn, wait_for
+
+    from echo2cli.layout import checkpoint_dir
+    from echo2cli.learner.checkpoint import STATE_FILE
+
+    (tmp_path / "learner.json").write_text('{"pid": 1}')  # a previous run's file: never signalled
+    args = ["learner", "--nproc-per-node", "2", "--out", str(tmp_path), "--port", "0", "--bt-listen", "127.0.0.1:0"]
+    learner = spawn([*args, "--steps", "3", "--token", "t0k3n", "--quiet"], tmp_path / "learner.log")
+    try:
+        wait_for(lambda: '"pid": 1}' not in (tmp_path / "learner.json").read_text(), 300, "rank 0's learner.json")
+        learner.send_signal(signal.SIGTERM)
+        rc = learner.wait(timeout=240)
+    finally:
+        learner.kill()
+    log = (tmp_path / "learner.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert (checkpoint_dir(tmp_path, 0) / STATE_FILE).exists() and "SignalException" not in log

@@ -25,8 +25,8 @@ STEPS = 4
 
 
 def ranks_alive(out) -> list[int]:
-    """Learner ranks still running: processes whose command line is `echo2cli learner ... --out OUT`, torchrun's
-    own process (`torch.distributed.run`) left out."""
+    """Learner ranks still running: processes whose command line is `echo2cli learner ... --out OUT` and that
+    torchrun started (LOCAL_RANK set): torchrun's own process and the `echo2 learner` that runs it left out."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -35,7 +35,11 @@ def ranks_alive(out) -> list[int]:
             continue
         text = b" ".join(args).decode(errors="replace")
         if "echo2cli learner" in text and str(out) in text and "torch.distributed.run" not in text:
-            pids.append(int(cmdline.parent.name))
+            try:
+                if b"LOCAL_RANK=" in (cmdline.parent / "environ").read_bytes():
+                    pids.append(int(cmdline.parent.name))
+            except OSError:
+                continue
     return pids
 
 
@@ -64,7 +68,7 @@ def run(tmp_path_factory):
             logs=(out / "learner.log", out / "worker.log"),
         )
         report["ranks_before_kill"] = len(ranks_alive(out))
-        kill_group(learner)  # torchrun itself, with SIGKILL: its ranks must not outlive it
+        kill_group(learner)  # `echo2 learner`, with SIGKILL: neither torchrun nor its ranks may outlive it
         wait_for(lambda: not ranks_alive(out), 30, "the learner's ranks to exit with torchrun")
         report["steps_before_kill"] = len(read_metrics(out / "metrics.jsonl"))
         (out / "learner.json").unlink()
