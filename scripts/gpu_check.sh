@@ -12,7 +12,8 @@
 #      (32k), and the export;
 #   4. variable-length completions (128-1,920 tokens, the same mean) on the 1.7B shape: packing, not padding;
 #   5. the learner process end to end on CUDA: learner + a scripted rollout client over real HTTP through 3 steps,
-#      publish, checkpoint, --resume (scripts/gpu_e2e.py; vLLM cannot be installed on the lent machine);
+#      publish, checkpoint, --resume (scripts/gpu_e2e.py; vLLM cannot be installed on the lent machine), the
+#      learner sharded at world size 1 (torchrun, NCCL; each rank loads its shards from the meta device);
 #   6. LoRA on CUDA (1.7B shape);
 #   7. the previous trainer (a copy of its echo2cli in .baseline/, when present) on step 1's setting, for a
 #      same-run baseline: mkdir .baseline && git archive COMMIT echo2cli | tar -x -C .baseline (git-ignored;
@@ -73,7 +74,7 @@ run "4b checkpointing" 150 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 32768
 run "1.7b variable lengths" 100 "${BENCH[@]}" --shape 1.7b --variable
 DRY_E2E=("${DRY[@]}")
 DRY=()  # the end-to-end check has its own small model
-run "learner end to end" 200 "$PY" scripts/gpu_e2e.py --out /tmp/gpu-e2e --timeout 180
+run "learner end to end" 200 "$PY" scripts/gpu_e2e.py --out /tmp/gpu-e2e --timeout 180 --sharded
 DRY=("${DRY_E2E[@]}")
 cp /tmp/gpu-e2e/figures.json "$OUT/e2e_figures.json" 2>/dev/null || tail -n 30 /tmp/gpu-e2e/*.log 2>/dev/null | tee -a "$LOG"
 run "4b no checkpointing" 120 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 4096

@@ -204,8 +204,11 @@ class TorchEngine:
 class LearnerProcess:
     """One `echo2 learner` at a time on a fixed port and run dir, across its restart."""
 
-    def __init__(self, run_dir: Path, log: Path, args: list[str], token: str, deadline: Deadline) -> None:
-        self.run_dir, self.log, self.args, self.deadline = run_dir, log, args, deadline
+    def __init__(
+        self, run_dir: Path, log: Path, args: list[str], token: str, deadline: Deadline, prefix: list[str]
+    ) -> None:
+        """`prefix`: torchrun's command line for a sharded learner at one rank (`--sharded`), else empty."""
+        self.run_dir, self.log, self.args, self.deadline, self.prefix = run_dir, log, args, deadline, prefix
         self.env = {
             "ECHO2_TOKEN": token,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -216,7 +219,7 @@ class LearnerProcess:
         """Its URL once it serves, and the seconds that took (model load, version 0 published)."""
         (self.run_dir / LEARNER_FILE).unlink(missing_ok=True)
         t0 = time.monotonic()
-        self.proc = spawn([*self.args, *extra], self.log, env=self.env)
+        self.proc = spawn([*self.args, *extra], self.log, env=self.env, prefix=self.prefix)
         try:
             info = wait_for_learner(self.proc, self.run_dir, self.log, self.deadline.left("starting the learner"))
         except Echo2Error as exc:
@@ -233,7 +236,10 @@ class LearnerProcess:
     def stop(self) -> dict[str, Any]:
         """SIGTERM (checkpoint at the step boundary, then exit 0); its summary.json."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)  # the learner only: its process group also holds the reward scorer
+        if self.prefix:  # rank 0, as `echo2 learner --nproc-per-node N` does: torchrun's agent would end with 1
+            os.kill(int(json.loads((self.run_dir / LEARNER_FILE).read_text())["pid"]), signal.SIGTERM)
+        else:
+            self.proc.send_signal(signal.SIGTERM)  # the learner only: its process group also holds the reward scorer
         try:
             self.proc.wait(timeout=min(STOP_TIMEOUT_S, self.deadline.left("stopping the learner")))
         except subprocess.TimeoutExpired:
@@ -342,9 +348,17 @@ class E2E:
         args += ["--steps", str(a.steps + 1000), "--prompts-per-step", str(B), "-G", str(G)]  # stopped by SIGTERM
         args += ["--max-new-tokens", str(MAX_NEW_TOKENS), "--checkpoint-every", "1", "--quiet"]
         args += ["--host", "127.0.0.1", "--port", str(free_port()), "--bt-listen", "127.0.0.1:0"]
-        self.learner = LearnerProcess(self.run_dir, self.tmp / "learner.log", args, self.token, self.deadline)
+        args += ["--nproc-per-node", str(a.nproc_per_node)] if a.nproc_per_node > 1 else []
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "--no-python"]
+        prefix = torchrun if a.sharded and a.nproc_per_node == 1 else []
+        self.learner = LearnerProcess(self.run_dir, self.tmp / "learner.log", args, self.token, self.deadline, prefix)
         self.figures.update(
-            model_params=params, hidden=a.hidden, layers=a.layers, tokenizer=str(a.tokenizer or "bytes")
+            model_params=params,
+            hidden=a.hidden,
+            layers=a.layers,
+            tokenizer=str(a.tokenizer or "bytes"),
+            learner_ranks=a.nproc_per_node,
+            sharded=bool(prefix) or a.nproc_per_node > 1,
         )
 
     def first_run(self) -> int:
@@ -431,6 +445,7 @@ class E2E:
             "t_busy_s": series("learner/t_busy_s"),
             "t_wait_s": series("learner/t_wait_s"),
             "t_publish_s": series("learner/t_publish_s"),
+            "t_publish_wait_s": series("learner/t_publish_wait_s"),
             "t_announce_s": series("bcast/t_announce_s"),
             "delta_encode_s": series("bcast/delta_encode_s"),
             "worker_versions_loaded": self.loaded_versions(),
@@ -477,7 +492,10 @@ def checkpoint_seconds(run_dir: Path) -> dict[str, float]:
 
 
 def saved_device(optimizer_file: Path) -> str:
-    """Where the learner held its AdamW moments: torch.save records each tensor's device."""
+    """Where the learner held its AdamW moments: torch.save records each tensor's device. A sharded learner writes
+    DCP shards instead (`dcp/`), which do not record it."""
+    if not optimizer_file.exists() and (optimizer_file.parent / "dcp").is_dir():
+        return "sharded: DCP shards (no device recorded)"
     seen: set[str] = set()
 
     def note(storage: Any, location: str) -> Any:
@@ -496,6 +514,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokenizer", type=Path, default=None, help="a tokenizer dir (default: a byte-level one)")
     p.add_argument("--hidden", type=int, default=512, help="the model's hidden size (64 per attention head)")
     p.add_argument("--layers", type=int, default=8, help="the model's decoder layers")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="the learner's ranks (torchrun, FSDP2)")
+    p.add_argument("--sharded", action="store_true", help="the sharded learner even at one rank (torchrun, NCCL)")
     return p.parse_args()
 
 
