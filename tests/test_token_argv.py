@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -55,13 +57,18 @@ def run_main(monkeypatch, argv: list[str]) -> int | str | None:
 
 
 def fake_learner_run(monkeypatch, seen: dict) -> None:
-    """`echo2 learner --nproc-per-node 2` re-executes itself under torchrun: record the argv it would exec."""
+    """`echo2 learner --nproc-per-node 2` runs itself again under torchrun, as its child: record the argv it would
+    start (and the signal handlers it would install, which must not stay in pytest's process)."""
 
-    def execv(path: str, argv: list[str]) -> None:
-        seen["argv"] = argv
-        raise SystemExit(0)
+    class Torchrun:
+        def __init__(self, argv: list[str], **kwargs) -> None:
+            seen["argv"], self.pid = argv, -1
 
-    monkeypatch.setattr(os, "execv", execv)
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: seen.setdefault("signals", []).append(signum))
 
 
 def fake_worker_run(monkeypatch, seen: dict) -> None:
@@ -112,6 +119,7 @@ def test_every_command_gets_the_token_and_no_argv_holds_it(env, tmp_path, comman
     if command == "learner":  # each rank reads the token from the environment it inherits
         assert seen["argv"][-len(args) - 2 :] == ["-m", "echo2cli", *args] and SECRET not in " ".join(seen["argv"])
         assert cli.load_config(LearnerConfig, None, {}, "learner").token == SECRET
+        assert sorted(seen["signals"]) == sorted([signal.SIGTERM, signal.SIGINT])  # forwarded to rank 0
     else:
         assert seen["token"] == SECRET
 

@@ -6,7 +6,9 @@ the previous version fetches a few percent of the bytes and rebuilds the file. T
 for workers without the base (late joiners, laggards).
 
 Publishing is off the training path: `publish(v)` takes a bf16 copy of the weights (a fraction of a second)
-and a background thread writes, hashes, delta-encodes, seeds and announces it while the next step trains.
+and a background thread writes, hashes, delta-encodes, seeds and announces it while the next step trains. The
+piece hashes and the delta's chunks are computed on a thread per core (`torrent.piece_hashes`, `delta.py`); the
+whole-file SHA-256 is one pass (scripts/bench_publish.py times each stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
 `wait()` and `close()`. Whatever failed in the background (a full disk) is raised by the next of these, so
 the learner stops one step later with the same one-line error. Workers see v once it is announced; until
