@@ -131,10 +131,11 @@ def _run_under_torchrun(nproc: int, out_dir: Path) -> NoReturn:
     stops the ranks at once. (Given the first, torchrun's agent would itself SIGTERM every rank and SIGKILL them
     30 s later, whatever rank 0 still had to write.) If this process is killed, torchrun is killed with it."""
     from echo2cli.launch import rank0_pid
+    from echo2cli.learner.sharded import die_with_parent
 
     sys.stdout.flush()
     started = time.time()
-    proc = subprocess.Popen(torchrun_argv(nproc, sys.argv[1:]), start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(torchrun_argv(nproc, sys.argv[1:]), start_new_session=True, preexec_fn=die_with_parent)
     signals = 0
 
     def forward(signum: int, frame: Any) -> None:
@@ -147,14 +148,6 @@ def _run_under_torchrun(nproc: int, out_dir: Path) -> NoReturn:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     sys.exit(proc.wait())
-
-
-def _die_with_parent() -> None:
-    """In the torchrun child: SIGKILL when this process dies (its ranks follow: `sharded.die_with_parent`)."""
-    import ctypes
-
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
 
 
 def torchrun_argv(nproc: int, args: list[str]) -> list[str]:

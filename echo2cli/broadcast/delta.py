@@ -234,12 +234,18 @@ def apply_delta(
     try:
         with open(tmp, "wb") as f, ThreadPoolExecutor(workers, thread_name_prefix="rebuild") as pool:
             ahead: collections.deque = collections.deque()
+
+            def write_next() -> None:
+                done = ahead.popleft().result()
+                digest.update(done.data)
+                f.write(done.data)
+
             for chunk in range(len(patch.starts)):
                 ahead.append(pool.submit(patch, chunk))
-                while ahead and (len(ahead) > 2 * workers or chunk == len(patch.starts) - 1):
-                    done = ahead.popleft().result()
-                    digest.update(done.data)
-                    f.write(done.data)
+                if len(ahead) > 2 * workers:
+                    write_next()
+            while ahead:
+                write_next()
         got, want = digest.hexdigest(), expected_sha256 or header.get("target_sha256")
         if got != want:
             raise BroadcastError(f"rebuilt version does not match its SHA-256 ({got[:12]} != {str(want)[:12]})")

@@ -30,11 +30,16 @@ def meta_model(model_dir: Path, dtype: torch.dtype) -> torch.nn.Module:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     except Exception as exc:  # transformers raises its own kinds for a missing or unknown config
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"model in {model_dir} does not load: {first}") from exc
+        raise does_not_load(model_dir, exc) from exc
     if (Path(model_dir) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
     return model
+
+
+def does_not_load(model_dir: Path, exc: Exception) -> ModelError:
+    """The one-line error for a model that transformers, safetensors or torch would not load: their first line."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelError(f"model in {model_dir} does not load: {first}")
 
 
 def is_meta(module: torch.nn.Module) -> bool:

@@ -87,7 +87,8 @@ def under_torchrun() -> bool:
 
 def die_with_parent() -> None:
     """torchrun starts each rank in a session of its own: a torchrun killed with SIGKILL would leave them running
-    (rank 0 still serving the API). Linux delivers SIGKILL to a rank whose parent dies (PR_SET_PDEATHSIG)."""
+    (rank 0 still serving the API). Linux delivers SIGKILL to a rank whose parent dies (PR_SET_PDEATHSIG). Also
+    the torchrun child of `echo2 learner --nproc-per-node N` (`cli._run_under_torchrun`), before it starts."""
     import ctypes
     import signal
     import sys

@@ -45,13 +45,12 @@ def _load(model_dir: Path, device: torch.device) -> torch.nn.Module:
     """The causal LM in `model_dir`, in fp32 on `device`; a ModelError naming the cause if it does not load."""
     from transformers import AutoModelForCausalLM
 
-    from echo2cli.errors import ModelError
+    from echo2cli.learner.shard_load import does_not_load
 
     try:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"model in {model_dir} does not load: {first}") from exc
+        raise does_not_load(model_dir, exc) from exc
 
 
 def _loss_tokens(row: tuple) -> int:
