@@ -77,7 +77,7 @@ class LearnerConfig(_Config):
         "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
         "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
         "Evaluation": "eval_every eval_limit eval_k eval_devices",
-        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts",
+        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts compile",
         "LoRA": "lora_rank lora_alpha lora_targets",
     }
 
@@ -151,6 +151,11 @@ class LearnerConfig(_Config):
     )
     activation_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward pass: less memory, more compute"
+    )
+    compile: bool = Field(
+        False,
+        description="compile each decoder layer with torch.compile (fused norms, rotary and activations; the first "
+        "step takes longer while it compiles). For GPU learners; on CPU it needs a C++ compiler",
     )
     share_prompts: bool = Field(
         True,
@@ -502,6 +507,7 @@ class MemoryConfig(_Config):
         json_schema_extra={"shown_default": "micro_batch_tokens"},
     )
     activation_checkpointing: bool = Field(False, description="the learner recomputes activations in backward")
+    compile: bool = Field(False, description="the learner compiles its layers (--compile): fewer saved activations")
     rollout_gib: float = Field(80.0, gt=0, description="memory of one rollout GPU, GiB")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the worker's --gpu-memory-utilization")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="the worker's --tensor-parallel-size")

@@ -74,10 +74,14 @@ def test_worst_tokens_names_the_largest_gaps_by_completion_position():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-9.0, -1.0, -12.0]])
     behaviour = torch.tensor([[-1.1, -2.0, -0.5], [0.0, -1.0, -2.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
-    log_w, rows, positions = worst_tokens(logp, behaviour, mask, k=2)
+    log_w, rows, positions, valid = worst_tokens(logp, behaviour, mask, k=2)
     assert list(zip(rows.tolist(), positions.tolist(), strict=True)) == [(1, 2), (0, 0)]  # the -9 gap has no loss
     assert log_w.tolist() == pytest.approx([-10.0, 0.1])
-    assert all(len(t) == 0 for t in worst_tokens(logp, behaviour, torch.zeros_like(mask)))
+    assert valid.tolist() == [True, True]
+    *_, valid = worst_tokens(logp, behaviour, mask, k=6)  # 5 tokens have a loss: the sixth slot is not one
+    assert valid.tolist() == [True] * 5 + [False]
+    *_, valid = worst_tokens(logp, behaviour, torch.zeros_like(mask))
+    assert not valid.any()
 
 
 # -- off-policy corrections against hand-computed values: 2 sequences x 2 tokens, A = [+1, -1] ---------------

@@ -103,30 +103,67 @@ def test_a_pack_is_planned_from_the_rows_alone(tmp_path):
     assert pack.span_completions[:5].tolist() == [4, 5, 6, 9, 10]  # row 0's completion, then row 1's
 
 
-def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False, scale=None):
-    """A varlen kernel written with SDPA, one sequence at a time (no GQA: the caller repeats kv heads)."""
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False, scale=None, align="bottom right"):
+    """A varlen kernel written with SDPA, one sequence at a time (no GQA: the caller repeats kv heads). A causal
+    mask over fewer queries than keys is aligned bottom-right (flash's: the last query sees every key) or
+    top-left (the first query sees only the first key)."""
     import torch.nn.functional as F
 
-    bounds = list(zip(cu_q.tolist()[:-1], cu_q.tolist()[1:], strict=True))
-    parts = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), is_causal=is_causal)
-             for a, b in bounds]  # fmt: skip
-    return torch.cat(parts, dim=1).transpose(0, 1)
+    out = []
+    for qa, qb, ka, kb in zip(cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:], strict=False):
+        lq, lk = qb - qa, kb - ka
+        shift = lk - lq if align == "bottom right" else 0
+        mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + shift if is_causal else None
+        qs, ks, vs = (x[a:b].transpose(0, 1) for x, a, b in ((q, qa, qb), (k, ka, kb), (v, ka, kb)))
+        out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask))
+    return torch.cat(out, dim=1).transpose(0, 1)
 
 
-def test_the_varlen_guard_takes_a_kernel_that_agrees_and_refuses_one_that_does_not(monkeypatch):
-    """Pure logic, on CPU: the guard (`varlen_works`) against stand-in kernels, one right and one that ignores
-    causality; on CUDA the real flash kernel meets the same guard (scripts/gpu_check.sh reports which ran)."""
+def test_the_varlen_guard_takes_the_fastest_mode_that_agrees_and_refuses_a_kernel_that_does_not(monkeypatch):
+    """Pure logic, on CPU: the guard (`varlen_mode`) against stand-in kernels. Flash's bottom-right causal mask
+    runs the completions' queries alone; a top-left one is right only with as many queries as keys (the whole
+    span's); a kernel that ignores causality is refused, with a warning. On CUDA the real flash kernel meets the
+    same guard (scripts/gpu_check.sh reports which mode ran)."""
     import warnings
 
     from echo2cli.learner import packing
 
+    def top_left(*args, **kwargs):
+        return reference_varlen(*args, **kwargs, align="top left")
+
     def forgetful(*args, is_causal=False, scale=None):
         return reference_varlen(*args, is_causal=False)
 
-    for kernel, expected in ((reference_varlen, True), (forgetful, False)):
+    cases = ((reference_varlen, packing.COMPLETION_QUERIES), (top_left, packing.SPAN_QUERIES), (forgetful, None))
+    for kernel, expected in cases:
         monkeypatch.setattr(packing, "_VARLEN", [(kernel, {"is_causal", "scale"})])
         monkeypatch.setattr(packing, "_CHECKED", {})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert packing._self_test(torch.device("cpu"), torch.bfloat16, 4, 2) is expected
-        assert bool(caught) is not expected  # a refusal says why
+            assert packing.varlen_mode(torch.device("cpu"), torch.bfloat16, 4, 2) == expected
+        assert bool(caught) is (expected is None)  # a refusal says why
+
+
+def test_compiled_layers_score_micro_batches_of_any_layout_with_one_graph(tmp_path, monkeypatch):
+    """`compile_layers` (the trainer's --compile): micro-batches with other prompts, row counts and lengths run the
+    one dynamic graph per layer code (dynamo's error_on_recompile would raise otherwise), and score as the eager
+    layers do. The packed attention runs outside the graph. aot_eager: dynamo and autograd tracing without
+    inductor's C++ build, which the GPU check runs."""
+    import torch._dynamo
+
+    from echo2cli.learner.trainer import compile_layers
+
+    path = tiny("qwen3", tmp_path)
+    eager, compiled = trainer(path), trainer(path)
+    compile_layers(compiled.model, backend="aot_eager")
+    torch._dynamo.reset()
+    layouts = [ROWS, ROWS[1:4], [([7, 8, 9], [10] * 9, [-1.0] * 9)], ROWS[::2]]
+    for i, rows in enumerate(layouts):
+        if i == 1:  # the first layout compiled it: from here on, a recompilation is an error
+            monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+        pack = compiled._pack(rows)
+        got = compiled._token_logp(compiled.policy, pack)
+        want = eager._token_logp(eager.policy, eager._pack(rows))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got.sum().backward()
+    torch._dynamo.reset()

@@ -212,3 +212,25 @@ def test_a_transcripts_environment_tokens_carry_no_loss(tiny_model_dir):
     ]
     metrics = tr.step([Group(0, 0, row[0], samples, [1.0, 0.0], "w")])
     assert metrics["train/tokens"] == 2 * 3  # the policy's tokens alone
+
+
+def test_the_bf16_head_is_fp32_arithmetic_on_bf16_operands_with_fp32_logits():
+    """`Bf16Logits` (the head's matmuls where the layers compute in bf16 on CUDA): forward and both gradients equal
+    fp32 matmuls on the bf16-rounded operands (what cuBLAS's bf16 GEMM with fp32 accumulation computes), and the
+    logits keep fp32 precision: none is rounded to bf16."""
+    from echo2cli.learner.trainer import Bf16Logits
+
+    g = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(6, 32, generator=g) * 3).requires_grad_()
+    weight = torch.randn(50, 32, generator=g).requires_grad_()
+    logits = Bf16Logits.apply(hidden, weight)
+    upstream = torch.randn(logits.shape, generator=g)
+    logits.backward(upstream)
+    h, w = (x.detach().bfloat16().float().requires_grad_() for x in (hidden, weight))
+    want = h @ w.t()
+    want.backward(upstream.bfloat16().float())
+    assert logits.dtype == hidden.grad.dtype == weight.grad.dtype == torch.float32
+    torch.testing.assert_close(logits, want, rtol=0, atol=0)
+    torch.testing.assert_close(hidden.grad, h.grad, rtol=0, atol=0)
+    torch.testing.assert_close(weight.grad, w.grad, rtol=0, atol=0)
+    assert not torch.equal(logits, logits.bfloat16().float())  # fp32 logits, not bf16 ones

@@ -175,11 +175,12 @@ def grpo_loss(
 
 def worst_tokens(
     logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, k: int = 3
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The k completion tokens where trainer and behaviour log-probs differ most, most first, as device tensors
-    (log_w, row, position) with log_w = logp - behaviour_logp; [N, C] inputs are completion-aligned, so a
+    (log_w, row, position, valid) with log_w = logp - behaviour_logp; [N, C] inputs are completion-aligned, so a
     position is the token's index in its completion. Fewer than k come back where fewer tokens have a loss:
-    the caller reads them back with the step's other metrics, no host sync here.
+    the caller reads them back with the step's other metrics, no host sync here (a boolean index would be one):
+    k always come back, with `valid` False for a slot past the tokens with a loss, for the caller to drop.
 
     A token the trainer finds far less likely than the engine said (log_w << 0) is what makes
     `train/kl_behaviour` (mean of exp(-log_w) + log_w - 1) spike: one token at log_w = -10 adds 22,000 to the
@@ -189,5 +190,5 @@ def worst_tokens(
     log_w = (logp.detach() - behaviour_logp).flatten()
     gap = torch.where(mask.flatten() > 0, log_w.abs(), -1.0)
     top = torch.topk(gap, min(k, gap.numel()))
-    keep = top.indices[top.values >= 0]  # a dynamic shape: fine eagerly, the tensor stays on the device
-    return log_w[keep], keep // mask.shape[1], keep % mask.shape[1]
+    keep = top.indices
+    return log_w[keep], keep // mask.shape[1], keep % mask.shape[1], top.values >= 0

@@ -155,6 +155,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         temperature=cfg.temperature,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         activation_checkpointing=cfg.activation_checkpointing,
+        compile=cfg.compile,
         off_policy=cfg.off_policy,
         geo_low=cfg.geo_low,
         geo_high=cfg.geo_high,

@@ -7,19 +7,23 @@ The G samples of a GRPO group share their prompt. A micro-batch is packed as
 with every distinct prompt once and every completion after all prompts. Position ids restart with each prompt and
 continue from its prompt's end in each of its completions, so rotary embeddings see what a plain pass sees.
 Attention (`packed_attention`, registered with transformers as PACKED) is two causal passes per layer: the
-prompts among themselves, then each row's [prompt | completion] span, its prompt's queries, keys and values
-gathered in front of its completion's (`kv_index`), of which only the completion's outputs are kept. Every
-sequence of both passes has as many queries as keys, so "causal" means the same to every kernel (flash aligns a
-shorter query block bottom-right, SDPA top-left: neither case arises). Gradients reach the prompt through every
-completion that read it. The cost is the prompt's attention rows run once more per row, a few percent of the
-attention FLOPs; the layers' matmuls, most of the FLOPs, still run once per distinct prompt. The result equals
-one plain causal pass per (prompt + completion) up to float rounding (tests/test_packing.py checks log-probs and
-gradients against padded rows in fp32).
+prompts among themselves, then each completion's queries against its row's [prompt | completion] keys, its
+prompt's keys and values gathered in front of its completion's (`kv_index`). Gradients reach the prompt through
+every completion that read it. The layers' matmuls, most of the FLOPs, run once per distinct prompt. The result
+equals one plain causal pass per (prompt + completion) up to float rounding (tests/test_packing.py checks
+log-probs and gradients against padded rows in fp32).
 
 On CUDA the passes are flash-attention varlen kernels (`torch.nn.attention.varlen`, torch >= 2.10): no padding,
-no mask tensor, no work outside a sequence. Elsewhere (CPU, an older torch, or a kernel that fails its self-test)
-they are two SDPA calls per layer over right-padded rows: the prompts causal, then each completion's queries
-alone against its span's keys under a mask (`Pack.span_mask`).
+no mask tensor, no work outside a sequence. The completions' queries are taken as they lie in the packed row,
+fewer than their span's keys, which is right where the kernel aligns a causal mask bottom-right, as flash does
+(COMPLETION_QUERIES); a self-test at the first step checks that against SDPA, and where it fails, each span's
+queries run too, as many as its keys (SPAN_QUERIES, right under either alignment), of which only the
+completion's outputs are kept. Elsewhere (CPU, an older torch, or a kernel that fails its self-test) the passes
+are two SDPA calls per layer over right-padded rows: the prompts causal, then each completion's queries alone
+against its span's keys under a mask (`Pack.span_mask`).
+
+Under `--compile` the attention runs outside the compiled layer graph (`torch.compiler.disable`), so that graph
+depends only on the row's length, symbolic from the start: micro-batches of any layout run one graph.
 
 Everything the layout needs is computed here from the rows' Python lists, so the trainer never reads a device
 tensor back to plan a micro-batch.
@@ -90,9 +94,10 @@ class Pack:
 
         self.input_ids, self.position_ids = on(ids)[None], on(positions)[None]
         self.pick, self.targets, self.slot = on(pick), on(targets), on(slot)
-        self.mask, self.behaviour = mask.to(device), behaviour.to(device)
+        self.mask, self.behaviour = mask.to(device, non_blocking=True), behaviour.to(device, non_blocking=True)
         self.shape = (n, width)
         self.loss_tokens = len(pick)
+        self.varlen: str | None = None  # the flash varlen passes' mode (`varlen_mode`), set by the scorer
         self._plan_attention(on, prompt_lens, prompt_at, owner, comp_lens, comp_at, kv_index)
 
     def _plan_attention(
@@ -110,6 +115,7 @@ class Pack:
         key_at = _offsets(key_lens)
         self.cu_prompt, self.max_prompt = on(prompt_at, torch.int32), max(prompt_lens)
         self.cu_k, self.max_k = on(key_at, torch.int32), max(key_lens)
+        self.cu_c, self.max_c = on(_offsets(comp_lens), torch.int32), max(comp_lens)
         self.kv_index = on(kv_index)
         spans = zip(key_at[1:], comp_lens, strict=True)
         self.span_completions = on([i for end, c in spans for i in range(end - c, end)])
@@ -161,6 +167,7 @@ def _offsets(lengths: Sequence[int]) -> list[int]:
     return out
 
 
+@torch.compiler.disable  # run eagerly inside a compiled layer: no guard on any micro-batch's layout (`Pack`)
 def packed_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -185,8 +192,9 @@ def packed_attention(
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
     if q.is_cuda and torch.is_autocast_enabled("cuda"):  # SDPA would be cast by autocast; a custom op is not
         q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
-    if q.is_cuda and q.dtype == k.dtype == v.dtype and varlen_works(q.device, q.dtype, q.shape[1], k.shape[1]):
-        out = _varlen_passes(q, k, v, echo2_pack, scaling)
+    half = q.dtype in (torch.bfloat16, torch.float16) and q.dtype == k.dtype == v.dtype
+    if echo2_pack.varlen and half:  # decided before the layers (`TokenLogp`): no lookup inside a compiled layer
+        out = _varlen_passes(q, k, v, echo2_pack, scaling, echo2_pack.varlen)
     else:
         out = _sdpa_passes(q, k, v, echo2_pack, scaling)
     return out[None], None
@@ -221,20 +229,39 @@ def _padded(
     return out.transpose(1, 2).reshape(n * length, q.shape[1], q.shape[2]).index_select(0, keep)
 
 
-def _varlen_passes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float | None) -> torch.Tensor:
-    """The two passes as flash varlen kernels ([T, heads, D] in and out)."""
+def _varlen_passes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float | None, mode: str
+) -> torch.Tensor:
+    """The two passes as flash varlen kernels ([T, heads, D] in and out). Mode COMPLETION_QUERIES: the completions'
+    queries as they lie in the packed row (no gather, no prompt query run again) against their spans' keys, right
+    where the kernel aligns a causal mask bottom-right as flash does (query j of a completion after a P-token
+    prompt sees keys 0 .. P + j). Mode SPAN_QUERIES: each span's queries too, as many as its keys (right under
+    either alignment), of which only the completion's outputs are kept."""
     tp = pack.n_prompt_tokens
-    prompts = _varlen_causal(q[:tp], k[:tp], v[:tp], pack.cu_prompt, pack.max_prompt, scale)
-    rq, rk, rv = (x.index_select(0, pack.kv_index) for x in (q, k, v))
-    spans = _varlen_causal(rq, rk, rv, pack.cu_k, pack.max_k, scale)
+    prompts = _varlen_causal(
+        q[:tp], k[:tp], v[:tp], pack.cu_prompt, pack.cu_prompt, pack.max_prompt, pack.max_prompt, scale
+    )
+    rk, rv = (x.index_select(0, pack.kv_index) for x in (k, v))
+    if mode == COMPLETION_QUERIES:
+        completions = _varlen_causal(q[tp:], rk, rv, pack.cu_c, pack.cu_k, pack.max_c, pack.max_k, scale)
+        return torch.cat([prompts, completions])
+    rq = q.index_select(0, pack.kv_index)
+    spans = _varlen_causal(rq, rk, rv, pack.cu_k, pack.cu_k, pack.max_k, pack.max_k, scale)
     return torch.cat([prompts, spans.index_select(0, pack.span_completions)])
 
 
 def _varlen_causal(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
 ) -> torch.Tensor:
-    """Causal varlen attention (flash) over sequences of as many queries as keys; keys and values with fewer heads
-    than the queries are repeated unless the kernel takes them as they are."""
+    """Causal varlen attention (flash); keys and values with fewer heads than the queries are repeated unless the
+    kernel takes them as they are."""
     fn, params = _varlen()  # type: ignore[misc]
     extra: dict[str, Any] = {}
     if k.shape[1] != q.shape[1] and "enable_gqa" in params:
@@ -247,7 +274,7 @@ def _varlen_causal(
         extra["window_size"] = (-1, 0)
     if "scale" in params:
         extra["scale"] = scale
-    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, longest, longest, **extra)
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, **extra)
 
 
 def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +286,9 @@ def _repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tens
     return k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
 
 
+COMPLETION_QUERIES, SPAN_QUERIES = "completion queries", "span queries"  # `_varlen_passes`' modes
 _VARLEN: list[Any] = []
-_CHECKED: dict[tuple, bool] = {}
+_CHECKED: dict[tuple, str | None] = {}
 
 
 def _varlen() -> tuple[Any, set[str]] | None:
@@ -275,43 +303,44 @@ def _varlen() -> tuple[Any, set[str]] | None:
     return _VARLEN[0]
 
 
-def varlen_works(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> bool:
-    """Whether the varlen kernel runs here, forward and backward, and agrees with the per-sequence SDPA passes
-    on a small packed case with a completion longer in keys than in queries (flash aligns causal masks
-    bottom-right; that is what a completion needs). Checked once per device, dtype and head layout; where it
-    fails, the SDPA passes run instead and a warning says why (an older torch, a kernel that does not build)."""
+def varlen_mode(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> str | None:
+    """How the varlen kernel runs here, forward and backward, agreeing with the SDPA passes (fp32) on a small
+    packed case: COMPLETION_QUERIES where its causal mask is aligned bottom-right (what a completion's queries
+    against its span's longer keys need), else SPAN_QUERIES, else None: the SDPA passes run, and a warning says
+    why (an older torch, a kernel that does not build). Checked once per device, dtype and head layout."""
     key = (str(device), dtype, heads, kv_heads)
     if key not in _CHECKED:
         _CHECKED[key] = _self_test(device, dtype, heads, kv_heads)
     return _CHECKED[key]
 
 
-def _self_test(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> bool:
+def _self_test(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int) -> str | None:
     import warnings
 
     if _varlen() is None or dtype not in (torch.bfloat16, torch.float16):
-        return False
+        return None
     rows = [([1, 2, 3, 4, 5], [6, 7, 8], [0.0] * 3), ([1, 2, 3, 4, 5], [9, 10], [0.0] * 2), ([4, 2], [7], [0.0])]
     pack = Pack(rows, device)
     g = torch.Generator(device=device).manual_seed(0)
     qkv = [torch.randn(pack.tokens, h, 64, device=device, generator=g) for h in (heads, kv_heads, kv_heads)]
-    try:
-        fast = [x.to(dtype).requires_grad_() for x in qkv]
-        got = _varlen_passes(fast[0], fast[1], fast[2], pack, None)
-        got.float().square().sum().backward()
-    except Exception as exc:  # a kernel that does not exist for this device or dtype raises its own kind
-        why = f"packed attention: flash varlen unusable here ({exc!s:.200}); per-sequence SDPA instead"
-        warnings.warn(why, stacklevel=3)
-        return False
     exact = [x.clone().requires_grad_() for x in qkv]  # the reference in fp32
     want = _sdpa_passes(exact[0], exact[1], exact[2], pack, None)
     want.square().sum().backward()
-    errors = [_relative(got, want)] + [_relative(a.grad, b.grad) for a, b in zip(fast, exact, strict=True)]
-    if max(errors) > 0.02:  # bf16 rounding gives ~0.4 %; a wrong mask or head layout gives tens of percent
-        why = f"packed attention: flash varlen differs from SDPA by {max(errors):.1%} on a test case; SDPA instead"
-        warnings.warn(why, stacklevel=3)
-        return False
-    return True
+    why = ""
+    for mode in (COMPLETION_QUERIES, SPAN_QUERIES):
+        try:
+            fast = [x.to(dtype).requires_grad_() for x in qkv]
+            got = _varlen_passes(fast[0], fast[1], fast[2], pack, None, mode)
+            got.float().square().sum().backward()
+        except Exception as exc:  # a kernel that does not exist for this device or dtype raises its own kind
+            why = f"flash varlen unusable here ({exc!s:.200})"
+            break
+        errors = [_relative(got, want)] + [_relative(a.grad, b.grad) for a, b in zip(fast, exact, strict=True)]
+        if max(errors) <= 0.02:  # bf16 rounding gives ~0.4 %; a wrong mask or head layout gives tens of percent
+            return mode
+        why = f"flash varlen differs from SDPA by {max(errors):.1%} on a test case"
+    warnings.warn(f"packed attention: {why}; per-sequence SDPA instead", stacklevel=3)
+    return None
 
 
 def _relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
@@ -323,8 +352,9 @@ def _relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
 
 
 def kernel(device: torch.device | str) -> str:
-    """Which packed attention ran on `device`: "flash varlen" or "sdpa, padded rows"."""
-    return "flash varlen" if any(ok for key, ok in _CHECKED.items() if key[0] == str(device)) else "sdpa, padded rows"
+    """Which packed attention ran on `device`: "flash varlen (<mode>)" or "sdpa, padded rows"."""
+    modes = [mode for key, mode in _CHECKED.items() if key[0] == str(device) and mode]
+    return f"flash varlen ({modes[0]})" if modes else "sdpa, padded rows"
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:

@@ -31,7 +31,7 @@ from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
-from echo2cli.learner.packing import Pack, use_packed_attention, varlen_works
+from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
 from echo2cli.learner.types import Group
 from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
@@ -51,6 +51,17 @@ def _load(model_dir: Path, device: torch.device) -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     except Exception as exc:  # transformers, safetensors and torch each raise their own kinds
         raise does_not_load(model_dir, exc) from exc
+
+
+def compile_layers(model: torch.nn.Module | None, backend: str = "inductor") -> None:
+    """Each decoder layer of `model` compiled in place (`nn.Module.compile`), before any FSDP2 wrapping, as
+    torchtitan does: the layers share their code, so dynamo makes one graph for all of them (parameters are its
+    inputs), with dynamic shapes from the start so that micro-batches of any length run it. The packed attention
+    stays outside the graph (`packing.packed_attention`), so the graph depends on no micro-batch's layout and is
+    never recompiled for one; activation checkpointing (transformers') recomputes through the same graph."""
+    if model is not None:
+        for layer in model.get_decoder().layers:
+            layer.compile(dynamic=True, backend=backend)
 
 
 def _loss_tokens(row: tuple) -> int:
@@ -125,23 +136,28 @@ class TokenLogp(torch.nn.Module):
     The micro-batch comes packed (`packing.Pack`): no pad tokens, each distinct prompt run once for all the
     samples that share it (with `share_prompts`; otherwise once per sample), gradients flowing back into it from
     every completion. The vocabulary projection (49k x 576 for the default model, ~20 % of a token's FLOPs) runs
-    only on the positions that predict a policy token, in fp32 (TF32 on CUDA): bf16 logits would be rounded by
-    up to 0.06 at a logit of 16, a log-prob error of the size the off-policy weights are meant to see. Past
+    only on the positions that predict a policy token, with fp32 logits: bf16 logits would be rounded by up to
+    0.06 at a logit of 16, a log-prob error of the size the off-policy weights are meant to see. Its operands are
+    fp32 (TF32 on CUDA), or with `bf16_head` bf16 with fp32 accumulation (`Bf16Logits`, the trainer's choice
+    where the layers compute in bf16 on CUDA: twice the matmul rate, and on an H200 the same log-prob error
+    against an all-fp32 model as TF32's, 0.026 mean, since the bf16 layers' error dominates). Past
     LOGIT_CHUNK positions it runs a chunk at a time and again in the backward pass (activation checkpointing of
     the head alone): the fp32 logits of a 16k-token completion over a 150k vocabulary would otherwise take
     ~10 GB per copy. One module with one forward, so that a sharded trainer can wrap it whole (`sharded.py`)."""
 
-    def __init__(self, model: torch.nn.Module, share_prompts: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, share_prompts: bool = True, bf16_head: bool = False) -> None:
         super().__init__()
         self.model = model
         self.share_prompts = share_prompts
+        self.bf16_head = bf16_head  # the head's matmuls on bf16 operands, fp32 accumulation and logits (`Bf16Logits`)
 
     def forward(self, pack: Pack, temperature: float) -> torch.Tensor:
         """[N, C] log-probs, completion-aligned (column j = completion token j); 0 where the policy mask is 0."""
         if pack.input_ids.is_cuda:  # decided here, once, not inside a layer that activation checkpointing reruns
             cfg = self.model.config
             dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
-            varlen_works(pack.input_ids.device, dtype, cfg.num_attention_heads, cfg.num_key_value_heads)
+            heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+            pack.varlen = varlen_mode(pack.input_ids.device, dtype, heads, kv_heads)
         hidden = self.model.get_decoder()(
             input_ids=pack.input_ids, position_ids=pack.position_ids, use_cache=False, echo2_pack=pack
         ).last_hidden_state[0]
@@ -169,12 +185,46 @@ class TokenLogp(torch.nn.Module):
     def _logp(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         head = self.model.get_output_embeddings()
         with torch.autocast(hidden.device.type, enabled=False):
-            if type(head) is torch.nn.Linear:
-                bias = None if head.bias is None else head.bias.float()
-                logits = F.linear(hidden.float(), head.weight.float(), bias)
+            if type(head) is torch.nn.Linear:  # z / T as (W h / T) + b / T: the scale on [M, H], not [M, V]
+                scaled = hidden if temperature == 1.0 else hidden / temperature
+                bias = None if head.bias is None else head.bias.float() / temperature
+                if self.bf16_head:
+                    logits = Bf16Logits.apply(scaled, head.weight)
+                    logits = logits if bias is None else logits + bias
+                else:
+                    logits = F.linear(scaled.float(), head.weight.float(), bias)
             else:  # a head with adapters of its own (LoRA) computes in its weights' dtype
-                logits = head(hidden.to(head.weight.dtype)).float()
-            return -F.cross_entropy(logits / temperature, targets, reduction="none")
+                logits = head(hidden.to(head.weight.dtype)).float() / temperature
+            return -F.cross_entropy(logits, targets, reduction="none")
+
+
+class Bf16Logits(torch.autograd.Function):
+    """hidden [M, H] @ weight [V, H]^T on bf16 operands with fp32 accumulation and fp32 logits, and the same for
+    both gradients: twice TF32's matmul rate on Hopper, and no rounding of the logits themselves (bf16 logits
+    would be off by up to 0.06 at 16). On the CPU the same numbers come from fp32 matmuls on the rounded operands."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h, w = hidden.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(h, w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return _mm_fp32(h, w.t())
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        h, w = ctx.saved_tensors
+        g = grad.to(torch.bfloat16)
+        grad_h = _mm_fp32(g, w).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+        grad_w = _mm_fp32(g.t(), h).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bf16 matrices into fp32 (cuBLAS's bf16 GEMM with an fp32 output where torch has it)."""
+    if a.is_cuda:
+        with contextlib.suppress(TypeError, RuntimeError, NotImplementedError):  # an older torch: no out_dtype
+            return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
 
 
 def read_back(
@@ -196,10 +246,11 @@ def read_back(
     row_lags = [lags[i] for chunk, _ in parts for i in chunk]
     add_by_lag(sums, dict(zip(row_names, per_row, strict=True)), row_lags)
     outliers = []
-    for (chunk, _), (log_w, where_rows, cols) in zip(parts, worst, strict=True):
-        for lw, row, pos in zip(log_w, where_rows, cols, strict=True):
-            group, sample = origin[chunk[row]]
-            outliers.append(_outlier(group, sample, pos, lw))
+    for (chunk, _), (log_w, where_rows, cols, valid) in zip(parts, worst, strict=True):
+        for lw, row, pos, ok in zip(log_w, where_rows, cols, valid, strict=True):
+            if ok:
+                group, sample = origin[chunk[row]]
+                outliers.append(_outlier(group, sample, pos, lw))
     return sums, outliers
 
 
@@ -225,6 +276,7 @@ class Trainer:
         device: torch.device | None = None,
         model: torch.nn.Module | None = None,
         bf16: bool | None = None,
+        compile: bool = False,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
         ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
@@ -235,7 +287,9 @@ class Trainer:
         shared by several sequences of a micro-batch once (`TokenLogp`). `lora`: train adapters of that spec on the
         frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
         (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
-        layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX)."""
+        layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX). `compile`:
+        each decoder layer through `torch.compile` (one graph shared by all layers; norms, rotary embeddings and
+        the MLP's activation fused), compiled on the first step."""
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -250,10 +304,15 @@ class Trainer:
         ref = self._reference_model(model_dir) if kl_coef > 0 and self.peft is None else None
         if ref is not None:
             use_packed_attention(ref)
-        self.policy = self._placed(TokenLogp(self.model, share_prompts), model_dir)
-        self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts), model_dir)
+        if compile:
+            compile_layers(self.model)
+            compile_layers(ref)
+        bf16_head = self.autocast and self.device.type == "cuda"  # see TokenLogp
+        self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
+        self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        fused = self.device.type == "cuda"  # one kernel per parameter group, not a dozen per tensor list
+        self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
