@@ -370,6 +370,12 @@ def plan_memory(given: dict[str, Any], config: Path | None = ConfigOpt, as_json:
         f"learner, per rank of {learner['ranks']} (GiB): {per_rank}; without checkpointing "
         f"{learner['total_gib_without_checkpointing']:.2f}, with {learner['total_gib_with_checkpointing']:.2f}"
     )
+    largest = learner["largest_micro_batch_tokens"]
+    console.print(
+        f"largest micro-batch on a {learner['device_gib']:g} GiB device "
+        f"({'compiled' if learner['compiled'] else 'eager'} layers): {largest['without_checkpointing']} tokens "
+        f"without checkpointing, {largest['with_checkpointing']} with; suggested: {learner['suggested']}"
+    )
     console.print(
         f"rollout GPU: weights {rollout['weights_gib']:.2f} GiB, KV cache {rollout['kv_cache_gib']:.2f} GiB, "
         f"{rollout['kv_mib_per_sequence']:.0f} MiB per {rollout['context']}-token sequence: "

@@ -79,3 +79,47 @@ def test_the_plan_chunks_the_head_as_the_trainer_does():
     from echo2cli.plan import memory
 
     assert memory.LOGIT_CHUNK == LOGIT_CHUNK
+
+
+def test_eager_layers_save_more_than_compiled_ones_as_measured_on_an_h200():
+    """Qwen3-1.7B shape, one process, 16,384-token micro-batches of 64 x (256 + 1,024): the H200 measured peaks of
+    94.6 GiB eager and 72.9 GiB compiled (docs/BENCHMARKS.md); the plan is within 10 % of both."""
+    from echo2cli.plan.memory import GiB
+
+    qwen3_1_7b = Shape(vocab=151936, hidden=2048, intermediate=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                       tied=True)  # fmt: skip
+    eager = learner_memory(qwen3_1_7b, 1, 16384, 16384, checkpointing=False, compiled=False).total / GiB
+    compiled = learner_memory(qwen3_1_7b, 1, 16384, 16384, checkpointing=False, compiled=True).total / GiB
+    assert eager == pytest.approx(94.6, rel=0.1) and compiled == pytest.approx(72.9, rel=0.1)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_largest_micro_batch_is_the_last_multiple_of_1024_tokens_that_fits(compiled, checkpointing):
+    from echo2cli.plan.memory import RESERVE, GiB, largest_micro_batch
+
+    device = 139.8 * GiB
+    tokens = largest_micro_batch(QWEN3_4B, 1, device, checkpointing, compiled)
+    assert tokens > 0 and tokens % 1024 == 0
+    fits = learner_memory(QWEN3_4B, 1, tokens, 2048, checkpointing, compiled).total
+    too_many = learner_memory(QWEN3_4B, 1, tokens + 1024, 2048, checkpointing, compiled).total
+    assert fits <= RESERVE * device < too_many
+    assert largest_micro_batch(QWEN3_8B, 1, device, checkpointing, compiled) == 0  # its states alone do not fit
+
+
+def test_the_suggested_setting_drops_checkpointing_where_enough_fits_without_it():
+    """Qwen3-4B on one H200 compiled: no checkpointing (measured 38.6 % MFU at 8,192 tokens against 32.6 % with
+    checkpointing at 32,768); eager layers fit too few tokens, so checkpointing; on 80 GiB checkpointing either way."""
+    compiled = plan(QWEN3_4B, device_gib=139.8, compiled=True)["learner"]
+    assert (
+        compiled["suggested"]
+        == f"--max-tokens-per-micro-batch {compiled['largest_micro_batch_tokens']['without_checkpointing']}"
+    )
+    eager = plan(QWEN3_4B, device_gib=139.8, micro_batch_tokens=1024)["learner"]["suggested"]
+    assert eager.endswith("--activation-checkpointing (with --compile more fits)")
+    assert (
+        "--activation-checkpointing"
+        in plan(QWEN3_4B, micro_batch_tokens=1024, checkpointing=True)["learner"]["suggested"]
+    )
+    with pytest.raises(ConfigError):
+        plan(QWEN3_8B, device_gib=139.8)

@@ -11,8 +11,17 @@ Learner, per rank of N (FSDP2, fp32 master weights, bf16 layer compute; `learner
                  runs only on completion positions, in chunks past LOGIT_CHUNK (`trainer.TokenLogp`)
 Saved tensors per token and layer, bf16 unless said: norm inputs and residuals in fp32 (3 x 4h), norm outputs
 (2 x 2h), q/k/v and the attention output (2(n_q + 2 n_kv)d + 2 n_q d), o_proj input (2 n_q d), gate, up,
-activation and product (4 x 2I): `ACT_BYTES` below. `scripts/bench_learner_scale.py` measures the learner
-against this.
+activation and product (4 x 2I): `Shape.act_bytes`. That is what the compiled layers save (`--compile`); the eager
+layers save 8 bytes x (h + n_q d + 2 n_kv d) more per token and layer (`Shape.eager_extra_bytes`: the q/k norms'
+fp32 tensors, keys and values repeated to the query heads for the varlen kernel and gathered per row). Measured on
+an H200 (2026-11-27, `scripts/bench_learner_gpu.py`): Qwen3-1.7B shape, 16,384-token micro-batches, one process:
+peak 72.9 GiB compiled and 94.6 eager against 73.4 and 94.4 here; Qwen3-4B shape compiled, 8,192 tokens: 103.5
+against 106.2; with checkpointing, 32,768 tokens: 78.8 against 81.5. `scripts/bench_learner_scale.py` measures the
+sharded learner on CPU against this.
+
+`largest_micro_batch` inverts it: the most tokens per micro-batch that fit a device, with and without checkpointing,
+which `memory_plan` turns into a suggested setting (the best measured: no checkpointing while at least
+`NO_CHECKPOINTING_FROM` tokens fit, since recomputing every layer costs a quarter of the step).
 
 Rollout host (vLLM, bf16 weights, tensor parallel over TP GPUs), per GPU:
     weights   2 P / TP;   KV cache per token   2 (K and V) x layers x n_kv x d x 2 bytes / TP
@@ -30,6 +39,10 @@ from echo2cli.config import MemoryConfig
 from echo2cli.errors import ConfigError
 
 LOGIT_CHUNK = 2048  # as learner/trainer.py (not imported: that imports torch)
+RESERVE = 0.85  # of a device's memory for allocated tensors: the caching allocator reserved 1.04-1.17x what was
+# allocated at the peaks measured on the H200 (1.17x eager, 1.11x for Qwen3-4B compiled)
+NO_CHECKPOINTING_FROM = 8192  # tokens per micro-batch: Qwen3-4B on an H200, compiled: 8,192 without checkpointing
+# ran at 38.6 % MFU, 32,768 with it at 32.6 % (docs/BENCHMARKS.md, "The learner on an H200")
 
 GiB = 1 << 30
 
@@ -83,10 +96,14 @@ class Shape:
     def params(self) -> int:
         return self.layers * self.layer_params() + self.root_params()
 
-    def act_bytes(self) -> int:
+    def act_bytes(self, compiled: bool = True) -> int:
         """Saved bytes per token and layer without checkpointing (module docstring)."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return 12 * h + 4 * h + 2 * (q + 2 * kv) + 2 * q + 2 * q + 8 * i
+        return 12 * h + 4 * h + 2 * (q + 2 * kv) + 2 * q + 2 * q + 8 * i + (0 if compiled else self.eager_extra_bytes())
+
+    def eager_extra_bytes(self) -> int:
+        """What the eager layers save beyond the compiled ones, per token and layer (module docstring)."""
+        return 8 * (self.hidden + self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -102,13 +119,17 @@ class LearnerMemory:
 
 
 def learner_memory(
-    shape: Shape, ranks: int, micro_batch_tokens: int, completion_tokens: int, checkpointing: bool
+    shape: Shape,
+    ranks: int,
+    micro_batch_tokens: int,
+    completion_tokens: int,
+    checkpointing: bool,
+    compiled: bool = False,
 ) -> LearnerMemory:
     """Bytes per rank for one micro-batch of `micro_batch_tokens` tokens (packed: no padding; `trainer.py`),
-    `completion_tokens` of them completions (the head's positions). Not yet checked against the packed trainer
-    on a GPU (docs/BENCHMARKS.md, "The learner on an H200")."""
+    `completion_tokens` of them completions (the head's positions), the layers compiled or eager."""
     p = shape.params()
-    act_layer = shape.act_bytes() * micro_batch_tokens
+    act_layer = shape.act_bytes(compiled) * micro_batch_tokens
     if checkpointing:
         activations = shape.layers * 4 * shape.hidden * micro_batch_tokens + act_layer
     else:
@@ -119,6 +140,14 @@ def learner_memory(
         activations=activations,
         logits=20 * shape.vocab * min(completion_tokens, LOGIT_CHUNK),
     )
+
+
+def largest_micro_batch(shape: Shape, ranks: int, device_bytes: float, checkpointing: bool, compiled: bool) -> int:
+    """The most tokens per micro-batch (a multiple of 1,024; 0 if none) whose `learner_memory` fits RESERVE of
+    `device_bytes`, the head's chunk full (completions of LOGIT_CHUNK tokens or more)."""
+    base = learner_memory(shape, ranks, 0, LOGIT_CHUNK, checkpointing, compiled)
+    per_token = learner_memory(shape, ranks, 1, LOGIT_CHUNK, checkpointing, compiled).total - base.total
+    return max(0, int((RESERVE * device_bytes - base.total) // per_token) // 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -150,10 +179,13 @@ def memory_plan(
     utilization: float,
     tensor_parallel: int,
     context: int,
+    compiled: bool = False,
 ) -> dict:
-    """Both sides, with and without activation checkpointing; a ConfigError naming the side that cannot fit."""
-    both = {c: learner_memory(shape, ranks, micro_batch_tokens, completion_tokens, c) for c in (False, True)}
+    """Both sides, with and without activation checkpointing, the largest micro-batch that fits either way and the
+    setting to use; a ConfigError naming the side that cannot fit."""
+    both = {c: learner_memory(shape, ranks, micro_batch_tokens, completion_tokens, c, compiled) for c in (False, True)}
     chosen = both[checkpointing]
+    largest = {c: largest_micro_batch(shape, ranks, device_gib * GiB, c, compiled) for c in (False, True)}
     rollout = rollout_memory(shape, rollout_gib, utilization, tensor_parallel, context)
     report = {
         "params": shape.params(),
@@ -165,6 +197,12 @@ def memory_plan(
             "per_rank_gib": {k: v / GiB for k, v in asdict(chosen).items()} | {"total": chosen.total / GiB},
             "total_gib_without_checkpointing": both[False].total / GiB,
             "total_gib_with_checkpointing": both[True].total / GiB,
+            "compiled": compiled,
+            "largest_micro_batch_tokens": {
+                "without_checkpointing": largest[False],
+                "with_checkpointing": largest[True],
+            },
+            "suggested": suggested(largest, compiled),
         },
         "rollout": {
             "gpu_gib": rollout_gib,
@@ -194,6 +232,17 @@ def memory_plan(
     return report
 
 
+def suggested(largest: dict[bool, int], compiled: bool) -> str:
+    """The learner flags for this device: no checkpointing while NO_CHECKPOINTING_FROM tokens fit without it, else
+    the largest micro-batch with it; compiling where it is off (it lets more tokens fit)."""
+    checkpointing = largest[False] < NO_CHECKPOINTING_FROM
+    tokens = largest[checkpointing]
+    if tokens == 0:
+        return "nothing fits one device: more ranks (--nproc-per-node)"
+    flags = f"--max-tokens-per-micro-batch {tokens}" + (" --activation-checkpointing" if checkpointing else "")
+    return flags + ("" if compiled else " (with --compile more fits)")
+
+
 def memory_plan_from(cfg: MemoryConfig) -> dict:
     from echo2cli.models import resolve_model
 
@@ -209,4 +258,5 @@ def memory_plan_from(cfg: MemoryConfig) -> dict:
         utilization=cfg.gpu_memory_utilization,
         tensor_parallel=cfg.tensor_parallel_size,
         context=cfg.context,
+        compiled=cfg.compile,
     )
