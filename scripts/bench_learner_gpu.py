@@ -3,7 +3,7 @@ on a randomly initialised Qwen3-shaped model built from its config on the device
 
     python scripts/bench_learner_gpu.py --shape 1.7b [--groups 8 --group-size 8 --prompt-tokens 256]
         [--completion-tokens 1024] [--variable] [--micro-batch-tokens 16384] [--activation-checkpointing]
-        [--steps 3] [--lora] [--export] [--checkpoint DIR] [--json FILE]
+        [--steps 3] [--lora] [--compile] [--export] [--checkpoint DIR] [--profile FILE] [--json FILE]
     torchrun --nproc-per-node N scripts/bench_learner_gpu.py ...      # the sharded trainer (FSDP2, NCCL on CUDA)
 
 MFU = 6 N tokens / step time / peak, with N the parameters (a tied head counted once), tokens = every completion
@@ -11,6 +11,8 @@ token plus each group's prompt once (a packed micro-batch runs a shared prompt o
 bf16 rate (989 TFLOP/s for an H100/H200 by the datasheet; `--peak-tflops`). `--variable` draws completion lengths
 uniformly from [completion/8, 2 x completion - completion/8] (the same mean): packing should keep tokens/s.
 The first step is a warm-up; step time is the median of the rest. Runs on CPU too (`--shape tiny`), for a dry run.
+`--profile FILE` runs one more step under torch.profiler: the kernels' device time by kind (matmuls, attention,
+fused/elementwise, optimizer, copies), the device's busy share of the step, and the top kernels into FILE.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def make_trainer(a: argparse.Namespace, model: torch.nn.Module, sharded: bool):
     kwargs: dict = dict(lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=4096,
                         max_tokens_per_micro_batch=a.micro_batch_tokens,
                         activation_checkpointing=a.activation_checkpointing)  # fmt: skip
+    if a.compile:
+        kwargs["compile"] = True
     if a.lora:
         kwargs["lora"] = LoraSpec(rank=16, alpha=32, targets=["q_proj", "k_proj", "v_proj", "o_proj"])
     if "model" in inspect.signature(Trainer.__init__).parameters:
@@ -103,7 +107,7 @@ def planned_gib(a: argparse.Namespace, ranks: int) -> float:
 
     shape = Shape.from_config(SHAPES[a.shape])
     head = min(a.micro_batch_tokens or 10**9, a.group_size * a.groups * a.completion_tokens)
-    m = learner_memory(shape, ranks, a.micro_batch_tokens, head, a.activation_checkpointing)
+    m = learner_memory(shape, ranks, a.micro_batch_tokens, head, a.activation_checkpointing, a.compile)
     return m.total / GiB
 
 
@@ -114,12 +118,61 @@ def logp_error(trainer, groups: list) -> dict:
     pack = trainer._pack(rows)
     with torch.no_grad():
         fast = trainer._token_logp(trainer.policy, pack)
-        autocast, tf32 = trainer.autocast, torch.backends.cuda.matmul.allow_tf32
-        trainer.autocast, torch.backends.cuda.matmul.allow_tf32 = False, False
+        autocast, tf32, head = trainer.autocast, torch.backends.cuda.matmul.allow_tf32, trainer.policy.bf16_head
+        trainer.autocast, torch.backends.cuda.matmul.allow_tf32, trainer.policy.bf16_head = False, False, False
         exact = trainer._token_logp(trainer.policy, pack)
-        trainer.autocast, torch.backends.cuda.matmul.allow_tf32 = autocast, tf32
+        trainer.autocast, torch.backends.cuda.matmul.allow_tf32, trainer.policy.bf16_head = autocast, tf32, head
     err = (fast - exact).abs()[pack.mask > 0]
-    return {"logp_err_max": round(float(err.max()), 4), "logp_err_mean": round(float(err.mean()), 5)}
+    out = {"logp_err_max": round(float(err.max()), 4), "logp_err_mean": round(float(err.mean()), 5)}
+    with torch.no_grad():  # the other head: what its operands' bf16 rounding adds
+        trainer.policy.bf16_head = not trainer.policy.bf16_head
+        other = (trainer._token_logp(trainer.policy, pack) - exact).abs()[pack.mask > 0]
+        trainer.policy.bf16_head = not trainer.policy.bf16_head
+    name = "tf32" if trainer.policy.bf16_head else "bf16"
+    return out | {f"logp_err_{name}_head_max": round(float(other.max()), 4),
+                  f"logp_err_{name}_head_mean": round(float(other.mean()), 5)}  # fmt: skip
+
+
+KINDS = (  # kernel name fragments → kind, first match wins
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("nccl", ("nccl",)),
+    ("optimizer", ("multi_tensor", "adam", "fused_adam")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "sm90_", "sm80_")),
+    ("copy", ("memcpy", "memset", "copy_", "cat", "index", "gather", "scatter")),
+    ("compiled", ("triton",)),
+)
+
+
+def profiled_step(trainer, groups: list, path: str, device: torch.device | None) -> dict:
+    """One step under torch.profiler: device time per kernel kind, the device's busy share of the step's wall
+    time, and a table of the top kernels written to `path`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device is not None else [])
+    t = time.perf_counter()
+    with profile(activities=activities) as prof:
+        trainer.step(groups)
+        if device is not None:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        name = e.key.lower()
+        kind = next((k for k, parts in KINDS if any(p in name for p in parts)), "elementwise")
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
+    busy = sum(by_kind.values())
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
+    lines = [f"profiled step: {wall:.3f} s wall, {busy:.3f} s of kernels"]
+    lines += [f"{e.self_device_time_total / 1e3:10.1f} ms {e.count:6d}x  {e.key[:140]}" for e in top]
+    lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return {
+        "profile_wall_s": round(wall, 3),
+        "profile_busy": round(busy / wall, 3),
+        "profile_s": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+    }
 
 
 def attention_kernel(device: torch.device | None) -> str:
@@ -140,6 +193,8 @@ def main(a: argparse.Namespace) -> None:
     model = build(a.shape, device or torch.device("cpu"))
     params = sum(p.numel() for p in model.parameters())
     trainer = make_trainer(a, model, sharded)
+    if a.fp32_head:
+        trainer.policy.bf16_head = False
     t_start = time.perf_counter() - t0
     vocab = SHAPES[a.shape]["vocab_size"]
     if sharded and trainer.rank != 0:
@@ -175,7 +230,8 @@ def main(a: argparse.Namespace) -> None:
         "tokens_per_s": round(tok / step_s), "mfu": round(6 * params * tok / step_s / (a.peak_tflops * 1e12), 4),
         "device": torch.cuda.get_device_name(device) if device is not None else "cpu",
         "torch": torch.__version__, "baseline_trainer": "model" not in inspect.signature(Trainer.__init__).parameters,
-        "attention": attention_kernel(device),
+        "attention": attention_kernel(device), "compile": a.compile,
+        "bf16_head": getattr(getattr(trainer, "policy", None), "bf16_head", False),
     }  # fmt: skip
     if device is not None:
         out["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
@@ -183,6 +239,8 @@ def main(a: argparse.Namespace) -> None:
         out["plan_gib"] = round(planned_gib(a, world), 2)
     if a.logp_error:
         out |= logp_error(trainer, batch(a, 0, vocab))
+    if a.profile:
+        out |= profiled_step(trainer, batch(a, a.steps, vocab), a.profile, device)
     if a.export:
         with tempfile.TemporaryDirectory(prefix="bench-gpu-export-") as tmp:
             t = time.perf_counter()
@@ -221,6 +279,9 @@ if __name__ == "__main__":
     p.add_argument("--micro-batch-tokens", type=int, default=16384)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--lora", action="store_true", help="train rank-16 adapters on the attention projections")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (the trainer's --compile)")
+    p.add_argument("--fp32-head", action="store_true", help="the head's operands in fp32 (TF32), not bf16")
+    p.add_argument("--profile", help="profile one more step; top kernels into this file")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--logp-error", action="store_true", help="log-prob error of bf16 compute against fp32")
     p.add_argument("--export", action="store_true", help="time the bf16 version's export after the steps")

@@ -5,19 +5,22 @@
 #     bash scripts/gpu_check.sh            # results in $OUT (the device call's folder) or /tmp/gpu_check
 #
 # What it runs, most important first (each with its own time limit; past the overall deadline the rest is skipped):
-#   1. one process, Qwen3-1.7B shape, 64 x (256 + 1,024) tokens: step time, tokens/s, MFU, peak memory against
-#      `plan-memory`, log-prob error of bf16 compute against fp32, bf16 export and checkpoint seconds;
-#   2. the same under torchrun at world size 1 (FSDP2, NCCL): the sharded trainer's CUDA path;
-#   3. Qwen3-4B shape, 64 x (256 + 2,048): without activation checkpointing (8k-token micro-batches) and with it
-#      (32k), and the export;
-#   4. variable-length completions (128-1,920 tokens, the same mean) on the 1.7B shape: packing, not padding;
-#   5. the learner process end to end on CUDA: learner + a scripted rollout client over real HTTP through 3 steps,
+#   1. one process, Qwen3-1.7B shape, 64 x (256 + 1,024) tokens, compiled layers (--compile): step time, tokens/s,
+#      MFU, peak memory against `plan-memory`, log-prob error against fp32, bf16 export seconds;
+#   2. Qwen3-4B shape, 64 x (256 + 2,048), compiled, 8,192-token micro-batches without checkpointing (the best
+#      setting measured on an H200; `plan-memory --compile` suggests it), and the export;
+#   3. variable-length completions (128-1,920 tokens, the same mean) on the 1.7B shape, compiled: packing, not
+#      padding, and no recompilation for a new layout;
+#   4. the 1.7B shape under torchrun at world size 1 (FSDP2, NCCL), compiled: the sharded trainer's CUDA path;
+#   5. the 1.7B shape eager (no --compile), for the difference compiling makes;
+#   6. the learner process end to end on CUDA: learner + a scripted rollout client over real HTTP through 3 steps,
 #      publish, checkpoint, --resume (scripts/gpu_e2e.py; vLLM cannot be installed on the lent machine), the
 #      learner sharded at world size 1 (torchrun, NCCL; each rank loads its shards from the meta device);
-#   6. LoRA on CUDA (1.7B shape);
-#   7. the previous trainer (a copy of its echo2cli in .baseline/, when present) on step 1's setting, for a
+#   7. LoRA on CUDA (1.7B shape), and a checkpoint's seconds;
+#   8. the previous trainer (a copy of its echo2cli in .baseline/, when present) on step 5's setting, for a
 #      same-run baseline: mkdir .baseline && git archive COMMIT echo2cli | tar -x -C .baseline (git-ignored;
 #      carry it with .whl).
+# A compiled run's first step compiles (about 40 s on an H200); each run takes 4 steps, the first a warm-up.
 # The packages the lent machine lacks (pydantic, fastapi, uvicorn, libtorrent, zstandard, ...) travel as wheels in
 # .whl/ (../shared/FIELD-NOTES.md says how to fetch them). Results: $OUT/results.jsonl (one JSON line per run) and
 # $OUT/log.txt; a summary table at the end.
@@ -29,7 +32,7 @@ OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 RESULTS=$OUT/results.jsonl
-DEADLINE=${GPU_CHECK_DEADLINE_S:-540}
+DEADLINE=${GPU_CHECK_DEADLINE_S:-560}
 START=$SECONDS
 if [ -d .whl ] && [ -z "${GPU_CHECK_DRY:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -68,17 +71,18 @@ LONG=(--shape 4b --completion-tokens 2048)
 CKPT_DIR=$(mktemp -d /tmp/gpu-check-ckpt-XXXX)
 trap 'rm -rf "$CKPT_DIR" /tmp/bench-gpu-*' EXIT
 
-run "1.7b one process" 150 "${BENCH[@]}" --shape 1.7b --logp-error --export --checkpoint "$CKPT_DIR"
-run "1.7b torchrun world 1" 150 "${TORCHRUN[@]}" --shape 1.7b --export
-run "4b checkpointing" 150 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 32768 --activation-checkpointing --export
-run "1.7b variable lengths" 100 "${BENCH[@]}" --shape 1.7b --variable
+COMPILED=(--compile --steps 4)
+run "1.7b compiled" 150 "${BENCH[@]}" --shape 1.7b "${COMPILED[@]}" --logp-error --export
+run "4b compiled, no checkpointing" 170 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 8192 "${COMPILED[@]}" --export
+run "1.7b compiled, variable lengths" 120 "${BENCH[@]}" --shape 1.7b "${COMPILED[@]}" --variable
+run "1.7b torchrun world 1, compiled" 150 "${TORCHRUN[@]}" --shape 1.7b "${COMPILED[@]}"
+run "1.7b eager" 80 "${BENCH[@]}" --shape 1.7b
 DRY_E2E=("${DRY[@]}")
 DRY=()  # the end-to-end check has its own small model
 run "learner end to end" 200 "$PY" scripts/gpu_e2e.py --out /tmp/gpu-e2e --timeout 180 --sharded
 DRY=("${DRY_E2E[@]}")
 cp /tmp/gpu-e2e/figures.json "$OUT/e2e_figures.json" 2>/dev/null || tail -n 30 /tmp/gpu-e2e/*.log 2>/dev/null | tee -a "$LOG"
-run "4b no checkpointing" 120 "${BENCH[@]}" "${LONG[@]}" --micro-batch-tokens 4096
-run "1.7b lora" 80 "${BENCH[@]}" --shape 1.7b --lora
+run "1.7b lora, checkpoint" 100 "${BENCH[@]}" --shape 1.7b --lora --checkpoint "$CKPT_DIR"
 if [ -d .baseline/echo2cli ]; then
   PYTHONPATH=${PYTHONPATH/$PWD/$PWD/.baseline} run "1.7b previous trainer" 120 "${BENCH[@]}" --shape 1.7b
 fi
@@ -93,6 +97,7 @@ except FileNotFoundError:
 print(f"{'run':44s} {'step s':>7s} {'tok/s':>8s} {'MFU':>6s} {'peak':>6s} {'plan':>6s} {'export':>6s} {'ckpt':>6s}")
 for r in rows:
     name = (f"{r['shape']} {'torchrun ' if r['sharded'] else ''}{'lora ' if r['lora'] else ''}"
+            f"{'compiled ' if r.get('compile') else ''}"
             f"{'var ' if r['variable'] else ''}{'ckpt ' if r['activation_checkpointing'] else ''}"
             f"mb{r['micro_batch_tokens']} {'BASELINE ' if r['baseline_trainer'] else ''}{r.get('attention', '')}")
     print(f"{name:44s} {r['step_s']:7.2f} {r['tokens_per_s']:8d} {100 * r['mfu']:5.1f}% "
