@@ -53,14 +53,14 @@ def _load(model_dir: Path, device: torch.device) -> torch.nn.Module:
         raise does_not_load(model_dir, exc) from exc
 
 
-def compile_layers(model: torch.nn.Module | None, backend: str = "inductor") -> None:
-    """Each decoder layer of `model` compiled in place (`nn.Module.compile`), before any FSDP2 wrapping, as
+def compile_layers(*models: torch.nn.Module | None, backend: str = "inductor") -> None:
+    """Each decoder layer of each model compiled in place (`nn.Module.compile`), before any FSDP2 wrapping, as
     torchtitan does: the layers share their code, so dynamo makes one graph for all of them (parameters are its
     inputs), with dynamic shapes from the start so that micro-batches of any length run it. The packed attention
     stays outside the graph (`packing.packed_attention`), so the graph depends on no micro-batch's layout and is
     never recompiled for one; activation checkpointing (transformers') recomputes through the same graph."""
-    if model is not None:
-        for layer in model.get_decoder().layers:
+    for model in models:
+        for layer in model.get_decoder().layers if model is not None else ():
             layer.compile(dynamic=True, backend=backend)
 
 
@@ -288,13 +288,11 @@ class Trainer:
         frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
         (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
         layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX). `compile`:
-        each decoder layer through `torch.compile` (one graph shared by all layers; norms, rotary embeddings and
-        the MLP's activation fused), compiled on the first step."""
+        each decoder layer through `torch.compile` at the first step (`compile_layers`)."""
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
             torch.backends.cuda.matmul.allow_tf32 = True
-        self.model = self._policy_model(model_dir, model)
-        self.model.train()
+        self.model = self._policy_model(model_dir, model).train()
         use_packed_attention(self.model)
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
         self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
@@ -305,8 +303,7 @@ class Trainer:
         if ref is not None:
             use_packed_attention(ref)
         if compile:
-            compile_layers(self.model)
-            compile_layers(ref)
+            compile_layers(self.model, ref)
         bf16_head = self.autocast and self.device.type == "cuda"  # see TokenLogp
         self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
@@ -316,9 +313,7 @@ class Trainer:
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.temperature = temperature
-        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.max_tokens_per_micro_batch, self.temperature = max_tokens_per_micro_batch, temperature
         self.outliers: list[dict] = []
 
     # -- where the models live: one process holds them whole; `ShardedTrainer` overrides these three ----------

@@ -181,11 +181,9 @@ def memory_plan(
     context: int,
     compiled: bool = False,
 ) -> dict:
-    """Both sides, with and without activation checkpointing, the largest micro-batch that fits either way and the
-    setting to use; a ConfigError naming the side that cannot fit."""
+    """Both sides, with and without checkpointing, and what fits (`fitting`); a ConfigError naming a side that can't."""
     both = {c: learner_memory(shape, ranks, micro_batch_tokens, completion_tokens, c, compiled) for c in (False, True)}
     chosen = both[checkpointing]
-    largest = {c: largest_micro_batch(shape, ranks, device_gib * GiB, c, compiled) for c in (False, True)}
     rollout = rollout_memory(shape, rollout_gib, utilization, tensor_parallel, context)
     report = {
         "params": shape.params(),
@@ -197,12 +195,7 @@ def memory_plan(
             "per_rank_gib": {k: v / GiB for k, v in asdict(chosen).items()} | {"total": chosen.total / GiB},
             "total_gib_without_checkpointing": both[False].total / GiB,
             "total_gib_with_checkpointing": both[True].total / GiB,
-            "compiled": compiled,
-            "largest_micro_batch_tokens": {
-                "without_checkpointing": largest[False],
-                "with_checkpointing": largest[True],
-            },
-            "suggested": suggested(largest, compiled),
+            **fitting(shape, ranks, device_gib, compiled),
         },
         "rollout": {
             "gpu_gib": rollout_gib,
@@ -230,6 +223,16 @@ def memory_plan(
             f"({rollout.kv_per_token * context / GiB:.2f} GiB): more tensor parallelism or a larger GPU"
         )
     return report
+
+
+def fitting(shape: Shape, ranks: int, device_gib: float, compiled: bool) -> dict:
+    """The largest micro-batch on the device with and without checkpointing, and the suggested learner flags."""
+    largest = {c: largest_micro_batch(shape, ranks, device_gib * GiB, c, compiled) for c in (False, True)}
+    return {
+        "compiled": compiled,
+        "largest_micro_batch_tokens": {"without_checkpointing": largest[False], "with_checkpointing": largest[True]},
+        "suggested": suggested(largest, compiled),
+    }
 
 
 def suggested(largest: dict[bool, int], compiled: bool) -> str:
