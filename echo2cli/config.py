@@ -361,7 +361,7 @@ class WorkerConfig(_Config):
     )
     verify_between_leases: bool = Field(
         False,
-        description="verify each downloaded version (its SHA-256; a delta rebuilt) between leases, while the engine "
+        description="verify each downloaded version (its digest; a delta rebuilt) between leases, while the engine "
         "waits, instead of on a thread of its own while it generates (which makes a swap only the reload): for a "
         "CPU host whose engine needs every core",
     )

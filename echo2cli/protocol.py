@@ -69,7 +69,7 @@ class PolicyInfo(_Msg):
     torrent_b64: str = Field(
         max_length=MAX_TORRENT_B64, description="the .torrent file, base64; its tracker is the learner's /announce"
     )
-    sha256: Hex64 = Field(description="SHA-256 of model.safetensors, checked after the swarm download")
+    digest: Hex64 = Field(description="BLAKE3 of model.safetensors (broadcast/digest.py), checked after the download")
     size_bytes: int = Field(ge=0, le=MAX_VERSION_BYTES)
     published_at: float = Field(
         ge=0.0, le=MAX_EPOCH_S, description="learner wall clock (s since epoch) when seeding began"
@@ -288,7 +288,7 @@ class Heartbeat(_Msg):
         default=-1,
         ge=-1,
         le=MAX_VERSION,
-        description="a version downloaded and verified (its SHA-256, a delta rebuilt), "
+        description="a version downloaded and verified (its digest, a delta rebuilt), "
         "waiting for the lease in progress to end before it is loaded",
     )
     swap_s: float = Field(

@@ -40,7 +40,7 @@ def app(guarded: bool):
         seed=0,
     )
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     api = build_app(
         coord,

@@ -10,9 +10,9 @@ batch of random tokens each): v1 -> v2 is a second step, as in a run. Each call 
 memory not yet touched; repeated in one process, the whole-array passes reuse already-faulted memory and look
 several times cheaper than they are in a run.
   size     the delta's bytes ÷ the version's, against the previous format's
-  encode   `encode_delta` with both SHA-256 known (the publisher's case) vs the previous format
+  encode   `encode_delta` with both digests known (the publisher's case) vs the previous format
   apply    `apply_delta` on a verified base (the worker's case: rebuild, hash, write) vs the previous format
-  bound    one SHA-256 pass over the target file: a rebuild must at least hash what it writes
+  bound    one digest pass over the target file: a rebuild must at least hash what it writes
 Run it pinned to one core (`taskset -c 0`, one torch thread): the learner of `echo2 bench staleness` runs so,
 and on one core the background publish competes with training for the same cycles.
 """
@@ -38,7 +38,7 @@ from bench_train import make_groups  # noqa: E402
 
 from echo2cli.broadcast import delta as delta_module  # noqa: E402
 from echo2cli.broadcast.delta import apply_delta, encode_delta  # noqa: E402
-from echo2cli.broadcast.torrent import sha256_file  # noqa: E402
+from echo2cli.broadcast.digest import file_digest  # noqa: E402
 from echo2cli.learner.trainer import write_weights  # noqa: E402
 from echo2cli.models import prepare_default_model  # noqa: E402
 
@@ -53,16 +53,16 @@ def one(variant: str, root: Path) -> None:
     """Time one call of `variant` in this (fresh) process; print the seconds."""
     base, target, delta = root / "v1.safetensors", root / "v2.safetensors", root / "v2.delta"
     meta = json.loads((root / "meta.json").read_text())
-    hb, ht = meta["base_sha256"], meta["target_sha256"]
+    hb, ht = meta["base_digest"], meta["target_digest"]
     if variant.endswith("_file_order_s"):
         file_order()
     previous = root / "file_order.delta"
     calls = {
-        "encode_s": lambda: encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht),
-        "encode_file_order_s": lambda: encode_delta(base, target, previous, base_sha256=hb, target_sha256=ht),
+        "encode_s": lambda: encode_delta(base, target, delta, base_digest=hb, target_digest=ht),
+        "encode_file_order_s": lambda: encode_delta(base, target, previous, base_digest=hb, target_digest=ht),
         "apply_s": lambda: apply_delta(base, delta, root / "out", ht, base_verified=True),
         "apply_file_order_s": lambda: apply_delta(base, previous, root / "file_order.out", ht, base_verified=True),
-        "sha256_s": lambda: sha256_file(target),
+        "digest_s": lambda: file_digest(target),
     }
     t0 = time.perf_counter()
     calls[variant]()
@@ -97,12 +97,12 @@ def main() -> None:
             write_weights(tensors, path := root / f"v{v}.safetensors")
             files.append(path)
         base, target = files[1], files[2]
-        hb, ht = sha256_file(base), sha256_file(target)
+        hb, ht = file_digest(base), file_digest(target)
         delta = root / "v2.delta"
-        header = encode_delta(base, target, delta, base_sha256=hb, target_sha256=ht)
+        header = encode_delta(base, target, delta, base_digest=hb, target_digest=ht)
         assert apply_delta(base, delta, root / "out", ht, base_verified=True) == ht
-        (root / "meta.json").write_text(json.dumps({"base_sha256": hb, "target_sha256": ht}))
-        variants = ("encode_s", "encode_file_order_s", "apply_s", "apply_file_order_s", "sha256_s")
+        (root / "meta.json").write_text(json.dumps({"base_digest": hb, "target_digest": ht}))
+        variants = ("encode_s", "encode_file_order_s", "apply_s", "apply_file_order_s", "digest_s")
         figures = {v: timed(v, root, args.repeats) for v in variants}
         previous_bytes = (root / "file_order.delta").stat().st_size
         full = target.stat().st_size
@@ -119,7 +119,7 @@ def main() -> None:
         print(
             f"apply   {figures['apply_s']:.3f} s   previous {figures['apply_file_order_s']:.3f} s   "
             f"{figures['apply_s'] / figures['apply_file_order_s']:.2f}x its time; "
-            f"{figures['apply_s'] / figures['sha256_s']:.2f}x one SHA-256 pass ({figures['sha256_s']:.3f} s)"
+            f"{figures['apply_s'] / figures['digest_s']:.2f}x one digest pass ({figures['digest_s']:.3f} s)"
         )
         fractions = {"delta_fraction": header["delta_bytes"] / full, "previous_fraction": previous_bytes / full}
         print(json.dumps(figures | fractions | {"threads": os.cpu_count()}))

@@ -94,7 +94,7 @@ def main() -> None:
         turns=(4, TURN_TOKENS),
     )
     coord.publish(
-        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", digest="0" * 64, size_bytes=1, published_at=0)
     )
     host = episode_host(coord, model_dir)
     assert host is not None

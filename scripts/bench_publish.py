@@ -8,9 +8,9 @@ pinned to each core count (`sched_setaffinity`: `spare_cores()` and torch's thre
 stage of the learner's publish in the publisher's order and of a worker's take:
 
   learner   snapshot (the bf16 copy of the weights), write (safetensors file), piece hashes + torrent,
-            seed (libtorrent session), digest (whole-file SHA-256, which the API announces), delta encode,
+            seed (libtorrent session), digest (the whole file's BLAKE3, which the API announces), delta encode,
             delta torrent + seed
-  worker    rebuild (delta -> file, with its SHA-256 check), verify (SHA-256 of a full download)
+  worker    rebuild (delta -> file, with its digest check), verify (the digest of a full download)
   bound     one plain read and write of the version file (8 MiB blocks): what any publish must at least do
 
 and prints each stage's seconds, the speed-up over the fewest cores, and the whole publish against the bound.
@@ -107,8 +107,9 @@ def one_core_count(root: Path, cores: int) -> dict[str, float]:
     from safetensors.torch import load_file
 
     from echo2cli.broadcast.delta import apply_delta, encode_delta
+    from echo2cli.broadcast.digest import file_digest
     from echo2cli.broadcast.node import TorrentNode
-    from echo2cli.broadcast.torrent import make_torrent, sha256_file
+    from echo2cli.broadcast.torrent import make_torrent
     from echo2cli.learner.trainer import write_weights
 
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
@@ -125,18 +126,18 @@ def one_core_count(root: Path, cores: int) -> dict[str, float]:
         del snapshot
         torrent = timed(f, "piece hashes + torrent", make_torrent, version.parent, tracker)
         timed(f, "seed", node.seed, "full", torrent.data, out)
-        base_sha = sha256_file(root / "v1" / "model.safetensors")  # known to the publisher from the last version
-        digest = timed(f, "digest", sha256_file, version)
+        base_digest = file_digest(root / "v1" / "model.safetensors")  # known to the publisher from the last version
+        digest = timed(f, "digest", file_digest, version)
         delta = out / "v2.delta" / "model.delta"
         timed(f, "delta encode", encode_delta, root / "v1" / "model.safetensors", version, delta,
-              base_sha256=base_sha, target_sha256=digest)  # fmt: skip
+              base_digest=base_digest, target_digest=digest)  # fmt: skip
         t0 = time.perf_counter()
         node.seed("delta", make_torrent(delta.parent, tracker).data, out)
         f["delta torrent + seed"] = time.perf_counter() - t0
         f["publish"] = sum(f.values())
         rebuilt = out / "rebuilt" / "model.safetensors"
         timed(f, "rebuild", apply_delta, root / "v1" / "model.safetensors", delta, rebuilt, digest, base_verified=True)
-        timed(f, "verify", sha256_file, rebuilt)
+        timed(f, "verify", file_digest, rebuilt)
         timed(f, "bound: read + write", plain_copy, version, out / "copy.bin")
     finally:
         node.close()

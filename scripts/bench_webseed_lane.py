@@ -57,7 +57,7 @@ def learner(root: Path, web_seed: WebSeed) -> Any:
         seed=0,
     )
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     return build_app(
         coord,

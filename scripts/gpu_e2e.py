@@ -409,13 +409,13 @@ class E2E:
 
     def check_published(self, client: Any, steps: int) -> None:
         """The newest version on /v1/policy is on disk with the SHA-256 the learner announces, and has a torrent."""
-        from echo2cli.broadcast.torrent import sha256_file
+        from echo2cli.broadcast.digest import file_digest
 
         policy = client.policy()
         path = weights_path(self.run_dir / VERSIONS_DIR, policy.version)
         if policy.version < steps or not path.exists() or not policy.torrent_b64:
             raise CheckFailed(f"/v1/policy announces version {policy.version}; {path} exists: {path.exists()}")
-        if sha256_file(path) != policy.sha256:
+        if file_digest(path) != policy.digest:
             raise CheckFailed(f"{path} does not have the SHA-256 /v1/policy announces")
         self.figures["published_version_checked"] = policy.version
 
@@ -426,7 +426,7 @@ class E2E:
         except FileNotFoundError:
             return []
         events = [json.loads(line) for line in lines if line.endswith("}")]  # a line being written is left out
-        return [e["version"] for e in events if e.get("event") == "loaded" and e.get("sha256_verified")]
+        return [e["version"] for e in events if e.get("event") == "loaded" and e.get("digest_verified")]
 
     def measured(self) -> dict[str, Any]:
         rows = read_metrics(self.run_dir / "metrics.jsonl")

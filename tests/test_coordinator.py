@@ -123,7 +123,7 @@ def test_bcast_time_is_publish_to_last_active_worker_on_that_version(clock):
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
     t_pub = clock()
     coord.publish(
-        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=t_pub)
+        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=t_pub)
     )
     clock(1)
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1))
@@ -139,7 +139,7 @@ def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
     coord.publish(
-        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=clock())
+        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=clock())
     )
     clock(1)
     coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1, swap_s=0.5))  # idle: loaded it at once
@@ -178,7 +178,7 @@ def test_policy_for_a_worker_carries_its_fetch_slot_among_active_workers(clock):
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
     coord.publish(
-        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1, published_at=0.0)
+        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", digest="0" * 64, size_bytes=1, published_at=0.0)
     )
     assert (coord.latest_policy(a).slot, coord.latest_policy(a).slots) == (0, 2)
     assert (coord.latest_policy(b).slot, coord.latest_policy(b).slots) == (1, 2)
@@ -193,7 +193,7 @@ def test_fetch_slots_are_sized_by_each_workers_measured_uplink(clock):
     coord = make_coord(clock)
     a, b = coord.join("a", 0.0), coord.join("b", 0.0)
     coord.publish(
-        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", sha256="0" * 64, size_bytes=1, published_at=0.0)
+        PolicyInfo(version=0, info_hash="0" * 40, torrent_b64="", digest="0" * 64, size_bytes=1, published_at=0.0)
     )
     for w in (a, b):
         coord.heartbeat(Heartbeat(worker_id=w, version_loaded=0, upload_bytes=0))
@@ -320,7 +320,7 @@ def test_leases_name_the_newest_announced_version_not_the_one_still_being_writte
 
     coord = make_coord(clock, S=1)
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0.0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0.0)
     )
     wid = coord.join("w", 0.0)
     coord.advance(1)  # step 0 trained; version 1 is written in the background

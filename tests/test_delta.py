@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from echo2cli.broadcast.delta import apply_delta, encode_delta
-from echo2cli.broadcast.torrent import sha256_file
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.errors import BroadcastError
 
 
@@ -28,8 +28,8 @@ def test_delta_rebuilds_the_exact_file_and_is_small(versions, tmp_path):
     assert header["changed"] == (1 << 20) // 20
     assert header["delta_bytes"] < 0.1 * header["full_bytes"]
     out = tmp_path / "rebuilt" / "model.safetensors"
-    digest = apply_delta(base, tmp_path / "d" / "model.delta", out, expected_sha256=sha256_file(target))
-    assert digest == sha256_file(out) == sha256_file(target)
+    digest = apply_delta(base, tmp_path / "d" / "model.delta", out, expected_digest=file_digest(target))
+    assert digest == file_digest(out) == file_digest(target)
 
 
 def test_delta_refuses_a_different_base(versions, tmp_path):
@@ -45,8 +45,8 @@ def test_delta_refuses_a_different_base(versions, tmp_path):
 def test_rebuilt_file_with_the_wrong_hash_is_never_written(versions, tmp_path):
     base, target = versions
     encode_delta(base, target, tmp_path / "model.delta")
-    with pytest.raises(BroadcastError, match="SHA-256"):
-        apply_delta(base, tmp_path / "model.delta", tmp_path / "out", expected_sha256="0" * 64)
+    with pytest.raises(BroadcastError, match="does not match its digest"):
+        apply_delta(base, tmp_path / "model.delta", tmp_path / "out", expected_digest="0" * 64)
     assert not (tmp_path / "out").exists()
 
 
@@ -94,7 +94,7 @@ def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypat
     assert header["changed"] == int(np.count_nonzero(old != new))
     streams = delta_module._streams(tmp_path / "d", *delta_module.read_header(tmp_path / "d"))
     assert streams["long"].size > 0 and streams["steps"].size > 0 and streams["counts"].tolist()[1:3] == [0, 30]
-    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
+    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == file_digest(target)
     assert (tmp_path / "out").read_bytes() == target.read_bytes()
 
 
@@ -110,7 +110,7 @@ def test_words_are_visited_by_exponent_and_a_delta_of_mixed_exponents_rebuilds(t
     old.tofile(base := tmp_path / "a")
     new.tofile(target := tmp_path / "b")
     encode_delta(base, target, tmp_path / "d")
-    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == sha256_file(target)
+    assert apply_delta(base, tmp_path / "d", tmp_path / "out") == file_digest(target)
 
 
 def test_position_orders_bf16_by_value_and_round_trips():
@@ -191,5 +191,5 @@ def test_threads_code_the_same_delta_bytes_and_rebuild_the_same_file(tmp_path):
     assert (tmp_path / "one.delta").read_bytes() == (tmp_path / "four.delta").read_bytes()
     for workers in (1, 4):
         out = tmp_path / f"rebuilt{workers}"
-        assert apply_delta(base, tmp_path / "four.delta", out, workers=workers) == sha256_file(target)
+        assert apply_delta(base, tmp_path / "four.delta", out, workers=workers) == file_digest(target)
         assert out.read_bytes() == target.read_bytes()

@@ -67,7 +67,7 @@ def episode_host(coord):
 def make_app(model_dir: Path):
     coord = make_coord(lambda dt=0.0: 1000.0)
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     (model_dir / "config.json").write_text("{}")
     return build_app(

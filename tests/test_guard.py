@@ -16,7 +16,7 @@ from echo2cli.protocol import PolicyInfo
 def api(clock, tmp_path):
     coord = make_coord(clock)  # B = 2 prompts, G = 2, 8 new tokens
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     (tmp_path / "config.json").write_text("{}")
     app = build_app(

@@ -22,7 +22,7 @@ TOKEN = "s3cret"
 
 def policy(version: int) -> PolicyInfo:
     return PolicyInfo(
-        version=version, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0.0
+        version=version, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0.0
     )
 
 

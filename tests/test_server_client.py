@@ -16,7 +16,7 @@ from echo2cli.worker.client import LearnerClient
 def app(clock, tmp_path):
     coord = make_coord(clock)
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     (tmp_path / "config.json").write_text("{}")
     return build_app(
@@ -185,7 +185,7 @@ def test_a_restarted_learner_answers_session_lost_and_the_client_can_join_again(
     info = client.join(JoinRequest(name="w"))
     restarted = make_coord(clock)
     restarted.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     target["app"] = TestClient(
         build_app(

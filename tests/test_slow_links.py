@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 from conftest import make_coord
 
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.digest import file_digest
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.learner.publisher import MAX_HELD_FOR_DOWNLOADS, Publisher
 from echo2cli.protocol import Heartbeat, LoraSpec, PolicyInfo
 from echo2cli.worker import versions
@@ -21,7 +22,7 @@ from echo2cli.worker.versions import VersionStore
 
 def policy(version: int, at: float = 0.0) -> PolicyInfo:
     return PolicyInfo(
-        version=version, info_hash="ab" * 20, torrent_b64="eA==", sha256="cd" * 32, size_bytes=1, published_at=at
+        version=version, info_hash="ab" * 20, torrent_b64="eA==", digest="cd" * 32, size_bytes=1, published_at=at
     )
 
 
@@ -105,7 +106,7 @@ def real_policy(tmp_path, version: int) -> PolicyInfo:
         version=version,
         info_hash=torrent.info_hash,
         torrent_b64=torrent.b64,
-        sha256=sha256_file(vdir / "model.safetensors"),
+        digest=file_digest(vdir / "model.safetensors"),
         size_bytes=1 << 16,
         published_at=0.0,
     )

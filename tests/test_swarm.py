@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.broadcast.node import GATE_STALL_S, TorrentNode, slot_priorities
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.layout import WEIGHTS_FILE
 
 SIZE = 8 << 20  # 32 pieces of 256 KiB
@@ -68,7 +69,7 @@ def test_slotted_fetchers_complete_even_when_a_share_owner_never_comes(version, 
     try:
         wait_until(lambda: all(w.transfers[1].finished_at for w in workers), learner, *workers)
         for k in range(2):
-            assert sha256_file(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+            assert file_digest(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
     finally:
         for n in (learner, *workers):
             n.close()
@@ -102,7 +103,7 @@ def test_workers_holding_their_share_spare_the_learner_and_take_the_rest_from_ea
     try:
         wait_until(done, learner, *workers)
         for k in range(3):
-            assert sha256_file(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+            assert file_digest(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
         time.sleep(1.5)  # counters are folded in once a second
         assert spared  # the worker whose share arrives last may finish with it
         assert learner.upload_bytes(1) < 1.2 * SIZE
@@ -133,7 +134,7 @@ def test_a_worker_sparing_the_learner_takes_from_it_again_when_a_share_owner_nev
         wait_until(done, learner, a, b)
         assert spared and a.transfers[1].needs_learner  # spared, then released after the stall
         assert a.transfers[1].finished_at - spared[0] >= GATE_STALL_S
-        assert sha256_file(tmp_path / "w0" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+        assert file_digest(tmp_path / "w0" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
     finally:
         for n in (learner, a, b):
             n.close()
@@ -150,7 +151,7 @@ def test_late_joiner_takes_the_version_mostly_from_other_workers(version, tmp_pa
     connect(late, 1, learner, early)
     try:
         wait_until(lambda: late.transfers[1].finished_at is not None, learner, early, late)
-        assert sha256_file(tmp_path / "late" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+        assert file_digest(tmp_path / "late" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
         time.sleep(1.5)  # counters are folded in once a second
         assert learner.upload_bytes(1) < 0.5 * SIZE < early.upload_bytes(1)
     finally:
@@ -223,7 +224,7 @@ def test_a_peer_serving_corrupt_pieces_is_banned_and_the_version_still_arrives_i
         good.seed(1, torrent.data, vdir.parent)
         connect(worker, 1, good)
         wait_until(lambda: worker.transfers[1].finished_at is not None, worker, good)
-        assert sha256_file(tmp_path / "w" / vdir.name / WEIGHTS_FILE) == sha256_file(vdir / WEIGHTS_FILE)
+        assert file_digest(tmp_path / "w" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
     finally:
         worker.close()
         good.close()

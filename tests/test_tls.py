@@ -54,7 +54,7 @@ def https_learner(clock, tmp_path):
     cert, key = self_signed(tmp_path)
     coord = make_coord(clock)
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     (tmp_path / "config.json").write_text("{}")
     app = build_app(

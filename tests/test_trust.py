@@ -11,7 +11,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.digest import file_digest
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.errors import BroadcastError, ProtocolError
 from echo2cli.protocol import MAX_MODEL_FILE_BYTES, JoinResponse, PolicyInfo
 from echo2cli.worker.client import LearnerClient
@@ -31,7 +32,7 @@ def policy_for(version: int, torrent, size: int, vdir) -> PolicyInfo:
         version=version,
         info_hash=torrent.info_hash,
         torrent_b64=torrent.b64,
-        sha256=sha256_file(vdir / "model.safetensors"),
+        digest=file_digest(vdir / "model.safetensors"),
         size_bytes=size,
         published_at=0.0,
     )
@@ -42,7 +43,7 @@ def join_response(**overrides) -> dict:
         "version": 0,
         "info_hash": "ab" * 20,
         "torrent_b64": "eA==",
-        "sha256": "cd" * 32,
+        "digest": "cd" * 32,
         "size_bytes": 1,
         "published_at": 0.0,
     }
@@ -88,7 +89,7 @@ def test_a_join_response_with_values_out_of_bounds_fails_validation(field, value
 
 def test_a_policy_with_a_malformed_hash_or_an_absurd_size_fails_validation():
     good = join_response()["policy"]
-    for bad in ({"info_hash": "../../etc"}, {"sha256": "x" * 64}, {"size_bytes": 1 << 50}):
+    for bad in ({"info_hash": "../../etc"}, {"digest": "x" * 64}, {"size_bytes": 1 << 50}):
         with pytest.raises(ValidationError):
             PolicyInfo.model_validate({**good, **bad})
 

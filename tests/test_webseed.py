@@ -9,7 +9,6 @@ streams) use raw sockets against a real uvicorn where a stream must really be he
 """
 
 import builtins
-import hashlib
 import os
 import socket
 import time
@@ -23,8 +22,9 @@ from fastapi.testclient import TestClient
 from echo2cli import __version__
 from echo2cli.broadcast import node as node_module
 from echo2cli.broadcast import webseed as webseed_module
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.broadcast.webseed import RangeError, WebSeed, parse_range
 from echo2cli.layout import VersionKey
 from echo2cli.learner.server import bind_socket, build_app, serving
@@ -72,7 +72,7 @@ def version(tmp_path):
 def learner_app(clock, tmp_path, web_seed: WebSeed):
     coord = make_coord(clock)
     coord.publish(
-        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", sha256="cd" * 32, size_bytes=1, published_at=0)
+        PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
     )
     app = build_app(
         coord,
@@ -175,7 +175,7 @@ def test_a_worker_no_peer_can_reach_gets_the_version_from_the_web_seed(version, 
         assert transfer.web_seed_at is None  # not before the download stalls
         assert wait_until(lambda: transfer.finished_at is not None, worker), "the web seed never delivered"
         assert transfer.web_seed_at is not None
-        assert sha256_file(key.path(tmp_path / "worker")) == sha256_file(key.path(root))
+        assert file_digest(key.path(tmp_path / "worker")) == file_digest(key.path(root))
         assert web_seed.sent(key) >= SIZE  # counted as the learner's upload
     finally:
         worker.close()
@@ -202,8 +202,7 @@ def test_web_seed_bytes_are_verified_like_any_piece(version, tmp_path, learner_s
         seed.seed(key, torrent.data, root)
         transfer.handle.connect_peer(("127.0.0.1", seed.listen_port))
         assert wait_until(lambda: transfer.finished_at is not None, worker, seed)
-        got = hashlib.sha256(key.path(tmp_path / "worker").read_bytes()).hexdigest()
-        assert got == sha256_file(key.path(root))
+        assert file_digest(key.path(tmp_path / "worker")) == file_digest(key.path(root))
     finally:
         worker.close()
         seed.close()

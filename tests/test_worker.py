@@ -65,12 +65,12 @@ def test_a_verified_download_is_swapped_in_between_leases_and_versions_past_s_pl
         worker._work_once(Stats())  # between leases: v is verified and swapped in
         assert worker.store.loaded == v and worker.engine.reloads[-1] == VersionKey(v).dir(worker.store.root)
         assert (worker.work_dir / "engine" / "model.safetensors").resolve() == worker.store.weights(v)
-    assert [e["version"] for e in loads(worker)] == [0, 1, 2, 3] and all(e["sha256_verified"] for e in loads(worker))
+    assert [e["version"] for e in loads(worker)] == [0, 1, 2, 3] and all(e["digest_verified"] for e in loads(worker))
     assert not VersionKey(0).dir(worker.store.root).exists()  # S = 1: older than v3 - 2 is gone
     assert VersionKey(1).dir(worker.store.root).exists()
 
 
-def test_a_delta_against_the_loaded_version_is_fetched_and_rebuilt_to_the_announced_sha256(tmp_path, learner):
+def test_a_delta_against_the_loaded_version_is_fetched_and_rebuilt_to_the_announced_digest(tmp_path, learner):
     worker = started_worker(tmp_path, learner)
     publish(learner, 1)
     worker._work_once(Stats())
@@ -89,7 +89,7 @@ def work_until_loaded(worker: Worker, version: int) -> None:
     raise AssertionError(f"version {version} never loaded; loaded {worker.store.loaded}")
 
 
-def test_a_worker_several_versions_behind_applies_the_chain_of_deltas_to_the_published_sha256(tmp_path):
+def test_a_worker_several_versions_behind_applies_the_chain_of_deltas_to_the_published_digest(tmp_path):
     published = Published(tmp_path / "learner")
     published.publish(0)
     learner = FakeLearner(published, staleness=2)  # the learner keeps deltas S + 1 = 3 versions back
@@ -127,13 +127,13 @@ def test_a_delta_that_does_not_rebuild_the_version_falls_back_to_the_full_file(t
     assert worker.store.loaded == 1 and loads(worker)[-1]["via"] == "full"
 
 
-def test_a_file_that_fails_its_sha256_is_rechecked_once_then_refused(tmp_path, learner):
+def test_a_file_that_fails_its_digest_is_rechecked_once_then_refused(tmp_path, learner):
     worker = started_worker(tmp_path, learner)
     publish(learner, 1, delta=False)
     VersionKey(1).path(learner.published.root).write_bytes(b"\0" * 16)  # the swarm serves another file
     worker._work_once(Stats())
     worker._work_once(Stats())  # hash mismatch: recheck
-    with pytest.raises(BroadcastError, match="SHA-256"):
+    with pytest.raises(BroadcastError, match="digest"):
         worker._work_once(Stats())
     assert worker.store.loaded == 0
 
@@ -181,12 +181,12 @@ def test_a_delta_is_rebuilt_on_the_prepare_thread_while_leases_go_on_and_the_swa
         worker.stop.set()
 
 
-def test_a_file_that_fails_its_sha256_on_the_prepare_thread_is_refused_in_the_main_loop(tmp_path, learner):
+def test_a_file_that_fails_its_digest_on_the_prepare_thread_is_refused_in_the_main_loop(tmp_path, learner):
     worker = started_worker(tmp_path, learner, prepare_thread=True)
     try:
         publish(learner, 1, delta=False)
         VersionKey(1).path(learner.published.root).write_bytes(b"\0" * 16)
-        with pytest.raises(BroadcastError, match="SHA-256"):
+        with pytest.raises(BroadcastError, match="digest"):
             until(lambda: worker._work_once(Stats()) and False, "the mismatch reported")
         assert worker.store.loaded == 0
     finally:

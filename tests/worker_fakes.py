@@ -12,7 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from echo2cli.broadcast.delta import encode_delta
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.digest import file_digest
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.errors import ProtocolError, SessionLost
 from echo2cli.layout import VersionKey
 from echo2cli.protocol import HeartbeatReply, JoinResponse, LeaseResponse, PolicyInfo, SubmitResult
@@ -44,7 +45,7 @@ class Published:
             version=version,
             info_hash=torrent.info_hash,
             torrent_b64=torrent.b64,
-            sha256=sha256_file(full.path(self.root)),
+            digest=file_digest(full.path(self.root)),
             size_bytes=full.path(self.root).stat().st_size,
             published_at=time.time(),
             adapter=adapter,

@@ -22,15 +22,14 @@ each zstd-compressed. A word's "position" orders bf16 bit patterns by value (+0 
 negative at -32768), so a step of one is one unit in the last place, also across a power of two. Gap coding
 costs about the entropy of which words changed (a bitmap compressed by zstd cost a third more), and a signed
 step costs ~2.3 bits a changed word where the XOR of old and new cost ~3.9, compressed (`docs/BENCHMARKS.md`,
-"Delta size, encode and rebuild"). A header records the base and target SHA-256; `apply_delta` refuses a base
-with the wrong hash, checks every stream against the header, and checks the rebuilt file against the target
-hash before it is renamed into place, so a version is never half-built or wrong.
+"Delta size, encode and rebuild"). A header records the base's and the target's digests (BLAKE3, digest.py);
+`apply_delta` refuses a base with the wrong digest, checks every stream against the header, and checks the rebuilt
+file against the target's digest before it is renamed into place, so a version is never half-built or wrong.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
 import struct
@@ -39,10 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from echo2cli.broadcast.torrent import sha256_file, spare_cores
+from echo2cli.broadcast.digest import file_digest, hasher
+from echo2cli.broadcast.torrent import spare_cores
 from echo2cli.errors import BroadcastError
 
-MAGIC = b"ECHO2DELTA3\n"
+MAGIC = b"ECHO2DELTA4\n"
 STREAMS = ("counts", "gaps", "long", "signs", "big", "steps")
 
 CHUNK_WORDS = 1 << 18  # words per pass (512 KB of each file)
@@ -102,14 +102,14 @@ def encode_delta(
     target: Path,
     out: Path,
     *,
-    base_sha256: str = "",
-    target_sha256: str = "",
+    base_digest: str = "",
+    target_digest: str = "",
     level: int = 3,
     workers: int | None = None,
 ) -> dict:
     """Write the delta that turns `base` into `target`; returns its header (sizes, hashes).
 
-    Pass the files' SHA-256 if already known (the publisher has them) to skip hashing them again. The chunks
+    Pass the files' digests if already known (the publisher has them) to skip hashing them again. The chunks
     are coded on `workers` threads (default: `spare_cores()`; numpy's sorts, compares and gathers release the
     GIL) and joined in file order, so the delta is the same bytes whatever the thread count.
     """
@@ -118,8 +118,9 @@ def encode_delta(
     old, new = _words(base), _words(target)
     if old.size != new.size:
         raise BroadcastError("base and target differ in size: a delta needs the same tensor layout")
-    base_sha256, target_sha256 = base_sha256 or sha256_file(base), target_sha256 or sha256_file(target)
     workers = workers or spare_cores()
+    base_digest = base_digest or file_digest(base, workers)
+    target_digest = target_digest or file_digest(target, workers)
     with ThreadPoolExecutor(workers, thread_name_prefix="delta") as pool:
         coded = list(pool.map(lambda at: _encode_chunk(old[at : at + CHUNK_WORDS], new[at : at + CHUNK_WORDS]),
                               _chunks(new.size)))  # fmt: skip
@@ -136,8 +137,8 @@ def encode_delta(
         "chunk_words": CHUNK_WORDS,
         "changed": int(streams["gaps"].size),
         "blob_bytes": [len(b) for b in blobs],
-        "base_sha256": base_sha256,
-        "target_sha256": target_sha256,
+        "base_digest": base_digest,
+        "target_digest": target_digest,
     }
     raw = json.dumps(header).encode()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +154,7 @@ def encode_delta(
 def read_header(delta: Path) -> tuple[dict, int]:
     with open(delta, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
-            raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA3)")
+            raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA4)")
         (n,) = struct.unpack("<I", f.read(4))
         try:
             return json.loads(f.read(n)), len(MAGIC) + 4 + n
@@ -205,30 +206,30 @@ def apply_delta(
     base: Path,
     delta: Path,
     out: Path,
-    expected_sha256: str | None = None,
+    expected_digest: str | None = None,
     *,
     base_verified: bool = False,
     workers: int | None = None,
 ) -> str:
-    """Rebuild the target from `base` + `delta` into `out`; returns its SHA-256 (verified).
+    """Rebuild the target from `base` + `delta` into `out`; returns its digest (verified).
 
     The chunks are patched on `workers` threads (default: `spare_cores()`), a few ahead of the one being hashed
-    and written, in file order, by this thread. The result is renamed into place only once its SHA-256
+    and written, in file order, by this thread. The result is renamed into place only once its digest
     matches, so a wrong or corrupt delta leaves nothing at `out`. `base_verified=True` skips re-hashing a base
     the caller has already checked (a loaded version).
     """
     header, offset = read_header(delta)
+    workers = workers or spare_cores()
     old = _words(base)
     words = header.get("words")
     if (
         not isinstance(words, int)
         or old.size != words
-        or (not base_verified and sha256_file(base) != header.get("base_sha256"))
+        or (not base_verified and file_digest(base, workers) != header.get("base_digest"))
     ):
         raise BroadcastError(f"{base} is not the base this delta was made against")
     patch = _Patcher(old, _streams(delta, header, offset), delta)
-    workers = workers or spare_cores()
-    digest = hashlib.sha256()
+    digest = hasher(workers)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     try:
@@ -237,7 +238,7 @@ def apply_delta(
 
             def write_next() -> None:
                 done = ahead.popleft().result()
-                digest.update(done.data)
+                digest.update(done.view(np.uint8))
                 f.write(done.data)
 
             for chunk in range(len(patch.starts)):
@@ -246,9 +247,9 @@ def apply_delta(
                     write_next()
             while ahead:
                 write_next()
-        got, want = digest.hexdigest(), expected_sha256 or header.get("target_sha256")
+        got, want = digest.hexdigest(), expected_digest or header.get("target_digest")
         if got != want:
-            raise BroadcastError(f"rebuilt version does not match its SHA-256 ({got[:12]} != {str(want)[:12]})")
+            raise BroadcastError(f"rebuilt version does not match its digest ({got[:12]} != {str(want)[:12]})")
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

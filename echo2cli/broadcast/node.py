@@ -7,7 +7,7 @@ seed and no strict end-game so leechers trade pieces instead of all pulling from
 Torrents are not auto-managed, so the session never queues or pauses one behind our back.
 
 `fetch` never trusts a download: `poll` marks a version complete only after libtorrent has verified
-every piece (its SHA-1 in the v1 torrent) and the caller re-checks the whole file's SHA-256.
+every piece (its SHA-1 in the v1 torrent) and the caller re-checks the whole file's digest.
 
 A node may be used from two threads (the learner announces versions from a background thread): each public
 method holds the node's lock while it reads or changes its table of transfers.

@@ -4,10 +4,10 @@ v1, not v2 or hybrid, so that any ordinary client can fetch a version: Debian's 
 hybrid torrent made by libtorrent 2.1.1, announced under an info-hash that is not the torrent's and found
 no peer (0 bytes in 120 s; `tests/integration/test_stock_client.py` fetches a v1 version with it). Every
 piece is still verified (SHA-1 per piece: a corrupt piece is detected, its sender banned and the piece
-fetched elsewhere), and a worker loads a version only after the whole file's SHA-256, which comes from the
-authenticated API, matches. The piece size targets ~512 pieces (clamped to 256 KiB–4 MiB): a worker can pass
-a piece on only once it holds the whole piece, so smaller pieces start the trading among workers sooner while
-the learner is still sending each its share. Measured on the default model (269 MB, 8 workers on 100 Mbit/s
+fetched elsewhere), and a worker loads a version only after the whole file's digest (BLAKE3, `digest.py`), which
+comes from the authenticated API, matches. The piece size targets ~512 pieces (clamped to 256 KiB–4 MiB): a worker
+can pass a piece on only once it holds the whole piece, so smaller pieces start the trading among workers sooner
+while the learner is still sending each its share. Measured on the default model (269 MB, 8 workers on 100 Mbit/s
 links, `echo2 bench broadcast`): T_bcast/T* 1.37 with 2 MiB pieces, 1.22 with 1 MiB, 1.29 with 512 KiB.
 """
 
@@ -48,14 +48,6 @@ def piece_size_for(nbytes: int) -> int:
     while size < MAX_PIECE and nbytes / size > TARGET_PIECES:
         size *= 2
     return size
-
-
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def spare_cores() -> int:

@@ -9,7 +9,7 @@ libtorrent appends the torrent's name and file path to the URL it was given, and
 (measured: a whole 5 MB file in one range). The tracker key in the path is the credential, as for
 `/announce/<key>`: only joined workers get bytes. Only versions the learner is seeding right now are
 served. The bytes need no more trust than a peer's: libtorrent checks every piece's SHA-1 against the
-torrent from the authenticated API, and the worker checks the file's SHA-256 before loading it.
+torrent from the authenticated API, and the worker checks the file's digest before loading it.
 
 The bytes served count as the learner's upload for that version, so the planner's T_bcast and the
 learner-upload figures include them. A worker adds the web seed only when its download has stalled

@@ -7,8 +7,8 @@ for workers without the base (late joiners, laggards).
 
 Publishing is off the training path: `publish(v)` takes a bf16 copy of the weights (a fraction of a second)
 and a background thread writes, hashes, delta-encodes, seeds and announces it while the next step trains. The
-piece hashes and the delta's chunks are computed on a thread per core (`torrent.piece_hashes`, `delta.py`); the
-whole-file SHA-256 is one pass (scripts/bench_publish.py times each stage).
+piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed on a thread per core
+(`torrent.piece_hashes`, `digest.py`, `delta.py`; scripts/bench_publish.py times each stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
 `wait()` and `close()`. Whatever failed in the background (a full disk) is raised by the next of these, so
 the learner stops one step later with the same one-line error. Workers see v once it is announced; until
@@ -33,8 +33,9 @@ from pathlib import Path
 import torch
 
 from echo2cli.broadcast.delta import encode_delta
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import make_torrent, sha256_file
+from echo2cli.broadcast.torrent import make_torrent
 from echo2cli.broadcast.webseed import WebSeed
 from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
@@ -117,7 +118,7 @@ class Publisher:
         del tensors
         self.node.seed(full, torrent.data, self.root)
         size = full.path(self.root).stat().st_size
-        self.hashes[version] = sha256_file(full.path(self.root))
+        self.hashes[version] = file_digest(full.path(self.root))
         fields: dict = {}
         base = max((v for v in self.sizes if v < version), default=None)
         if base is not None and self.sizes[base] == size and lora is None:
@@ -129,7 +130,7 @@ class Publisher:
             version=version,
             info_hash=torrent.info_hash,
             torrent_b64=torrent.b64,
-            sha256=self.hashes[version],
+            digest=self.hashes[version],
             size_bytes=size,
             published_at=time.time(),  # T_bcast counts from here: workers can see it from now on
             adapter=lora is not None,
@@ -147,8 +148,8 @@ class Publisher:
             VersionKey(base).path(self.root),
             VersionKey(version).path(self.root),
             delta.path(self.root),
-            base_sha256=self.hashes[base],
-            target_sha256=self.hashes[version],
+            base_digest=self.hashes[base],
+            target_digest=self.hashes[version],
         )
         torrent = make_torrent(delta.dir(self.root), self.tracker_url)
         self.node.seed(delta, torrent.data, self.root)

@@ -12,7 +12,7 @@
     checkpoint, same run id) join again and go on with the engine and versions held. If it resumed at a
     version older than ours (it crashed after its last checkpoint), load its version before generating.
 
-A version is loaded only after libtorrent verified every piece and the file's SHA-256 matches the
+A version is loaded only after libtorrent verified every piece and the file's digest matches the
 learner's. While the next version downloads, the worker keeps generating with the one it has (that
 is what staleness S allows); the learner answers `update` once the worker is more than S behind.
 Every load is appended to `<work_dir>/events.jsonl` (tests and benchmarks read it).

@@ -5,7 +5,7 @@ it. So the worker writes only files it names itself inside its own work director
 .torrent must describe exactly the file the authenticated API announced: one file, at the path the
 worker expects (`v000007/model.safetensors`, or `v000007.delta/model.delta` for a delta), of the
 announced size, under the announced info-hash. libtorrent then verifies every piece against that torrent
-and the worker checks the whole file's SHA-256 before loading it.
+and the worker checks the whole file's digest before loading it.
 """
 
 from __future__ import annotations

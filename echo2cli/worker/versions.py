@@ -4,7 +4,7 @@
                     LoRA spec (refusing adapter deltas), then fetch the delta if the version it applies to is the
                     one loaded and verified, else the full version (the fetch slot first)
     prepare()       once the download is complete, verify it: libtorrent checked every piece, then the whole file's
-                    SHA-256 (a delta is rebuilt and checked against the version's SHA-256, then seeded as the full
+                    digest (a delta is rebuilt and checked against the version's digest, then seeded as the full
                     version; LoRA adapters are checked against the base, and merged into it with `merge_adapters`).
                     The worker runs it on its own thread, so the engine generates meanwhile.
     ready()         the pending version is verified: the swap is only the reload
@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.broadcast.delta import apply_delta
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import TorrentFile, sha256_file
+from echo2cli.broadcast.torrent import TorrentFile
 from echo2cli.errors import BroadcastError, Echo2Error
 from echo2cli.layout import VersionKey
 from echo2cli.lora import adapter_dir, check_adapter, max_adapter_bytes, tensor_shapes, write_merged
@@ -150,8 +151,8 @@ class VersionStore:
         self.lock = threading.RLock()
         self.loaded = -1  # the version the engine runs (or starts with)
         self.pending: Pending | None = None
-        self._verified = -1  # version whose file SHA-256 has been checked
-        self._rechecked = -1  # version whose pieces were re-checked after a SHA-256 mismatch
+        self._verified = -1  # version whose file digest has been checked
+        self._rechecked = -1  # version whose pieces were re-checked after a digest mismatch
         self._preparing = False  # a thread is hashing or rebuilding the pending version (without the lock)
         self._failure: BaseException | None = None  # what `prepare` could not recover from, raised by `ready`
         self._t_rebuild = 0.0
@@ -236,7 +237,7 @@ class VersionStore:
 
     def ready(self) -> bool:
         """The pending version is complete and verified: `prepare` did the work. Raises what `prepare` could not
-        recover from (a file whose every piece verified but whose SHA-256 is wrong, a full disk)."""
+        recover from (a file whose every piece verified but whose digest is wrong, a full disk)."""
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
@@ -275,11 +276,11 @@ class VersionStore:
 
     def _verify(self, pending: Pending) -> float | bool:
         """The complete file's check, lock-free (it touches files only): a delta's rebuild seconds (apply_delta
-        checks the SHA-256), or whether the full file's SHA-256 is the announced one; then, however the file came,
+        checks the digest), or whether the full file's digest is the announced one; then, however the file came,
         an adapter version's check against the base (`prepare_adapters`, which raises)."""
         policy = pending.policy
         outcome: float | bool = True
-        if pending.via is Via.FULL and sha256_file(self.weights(policy.version)) != policy.sha256:
+        if pending.via is Via.FULL and file_digest(self.weights(policy.version)) != policy.digest:
             return False
         if pending.via is Via.DELTA:
             assert policy.delta_base is not None
@@ -288,7 +289,7 @@ class VersionStore:
                 self.weights(policy.delta_base),
                 VersionKey(policy.version, delta=True).path(self.root),
                 self.weights(policy.version),
-                expected_sha256=policy.sha256,
+                expected_digest=policy.digest,
                 base_verified=True,
             )
             outcome = time.perf_counter() - t0
@@ -323,7 +324,7 @@ class VersionStore:
         still wrong, the torrent itself does not describe the announced file: refuse the learner."""
         if self._rechecked == policy.version:
             self._failure = BroadcastError(
-                f"version {policy.version}: every piece verified, but the file's SHA-256 is not the one the learner "
+                f"version {policy.version}: every piece verified, but the file's digest is not the one the learner "
                 "announced: its torrent and its hash disagree"
             )
             return
@@ -417,8 +418,8 @@ def load_event(
         "worker_id": worker_id,
         "version": policy.version,
         "info_hash": policy.info_hash,
-        "sha256": policy.sha256,
-        "sha256_verified": True,
+        "digest": policy.digest,
+        "digest_verified": True,
         "via": str(pending.via),
         "adapter": policy.adapter,  # LoRA adapters on the base
         "downloaded_bytes": downloaded,

@@ -164,7 +164,7 @@ def test_workers_loaded_every_version_they_used_from_the_swarm_with_verified_has
             assert version in loads[worker_id], f"{worker_id} trained on v{version} it never loaded"
     for versions in loads.values():
         for e in versions.values():
-            assert e["sha256_verified"] and len(e["sha256"]) == 64
+            assert e["digest_verified"] and len(e["digest"]) == 64
             if e["via"] == "full":
                 assert e["downloaded_bytes"] >= e["size_bytes"]  # the bytes came over the swarm
             else:  # a delta against the version loaded before, rebuilt and hash-checked

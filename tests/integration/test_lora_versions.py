@@ -71,7 +71,7 @@ def test_version_0_is_the_base_and_later_versions_are_adapters_under_2_percent(r
     events = loads(run)
     assert events[0]["version"] == 0 and not events[0]["adapter"] and events[0]["size_bytes"] == full
     later = [e for e in events if e["version"] > 0]
-    assert later and all(e["adapter"] and e["sha256_verified"] for e in later)
+    assert later and all(e["adapter"] and e["digest_verified"] for e in later)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == STEPS
 

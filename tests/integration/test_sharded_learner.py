@@ -105,7 +105,7 @@ def test_the_worker_loaded_at_least_three_versions_from_the_swarm_with_verified_
     loads = {e["version"]: e for e in read_metrics(out / "w0" / "events.jsonl") if e["event"] == "loaded"}
     assert len(loads) >= 3
     for e in loads.values():
-        assert e["sha256_verified"] and len(e["sha256"]) == 64
+        assert e["digest_verified"] and len(e["digest"]) == 64
     for r in read_metrics(out / "metrics.jsonl"):
         for _, version in r["rollout/worker_versions"]:
             assert version in loads, f"trained on v{version}, which the worker never loaded"

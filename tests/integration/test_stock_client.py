@@ -8,7 +8,6 @@ one the API announced. aria2c is installed with apt-get when missing (root); wit
 from __future__ import annotations
 
 import base64
-import hashlib
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 from procs import kill_group, spawn, wait_listening
 
 from echo2cli import __version__
+from echo2cli.broadcast.digest import file_digest
 from echo2cli.demo import free_port
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def aria2c() -> str:
     return path
 
 
-def test_aria2c_fetches_a_published_version_and_its_sha256_matches(tmp_path):
+def test_aria2c_fetches_a_published_version_and_its_digest_matches(tmp_path):
     client = aria2c()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -99,9 +99,5 @@ def test_aria2c_fetches_a_published_version_and_its_sha256_matches(tmp_path):
             kill_group(learner)
     got = tmp_path / "got" / "v000000" / "model.safetensors"
     assert proc.returncode == 0 and got.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
-    digest = hashlib.sha256()
-    with open(got, "rb") as f:
-        while block := f.read(8 << 20):
-            digest.update(block)
-    assert digest.hexdigest() == policy["sha256"]
+    assert file_digest(got) == policy["digest"]
     print(f"aria2c fetched {got.stat().st_size / 1e6:.0f} MB in {seconds:.1f} s")
