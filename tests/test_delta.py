@@ -193,3 +193,22 @@ def test_threads_code_the_same_delta_bytes_and_rebuild_the_same_file(tmp_path):
         out = tmp_path / f"rebuilt{workers}"
         assert apply_delta(base, tmp_path / "four.delta", out, workers=workers) == file_digest(target)
         assert out.read_bytes() == target.read_bytes()
+
+
+def test_a_delta_whose_last_chunks_are_unchanged_rebuilds_and_one_from_memory_is_the_same_bytes(tmp_path):
+    """Long gaps and big steps in the first chunk only, then unchanged chunks to the end of the file (each chunk's
+    start in the long-gap and step streams is then the stream's end); and the target given as words in memory
+    (the publisher's image) codes the delta the file codes."""
+    rng = np.random.default_rng(2)
+    old = rng.integers(0x3C00, 0x3D00, size=3 * (1 << 18) + 99, dtype=np.uint16)
+    new = old.copy()
+    new[rng.choice(1 << 18, size=50, replace=False)] += rng.integers(2, 300, size=50).astype(np.uint16)
+    base, target = tmp_path / "v1", tmp_path / "v2"
+    old.tofile(base)
+    new.tofile(target)
+    header = encode_delta(base, target, tmp_path / "file.delta", workers=2)
+    encode_delta(base, new, tmp_path / "memory.delta", workers=2)
+    assert header["changed"] == 50
+    assert (tmp_path / "file.delta").read_bytes() == (tmp_path / "memory.delta").read_bytes()
+    assert apply_delta(base, tmp_path / "memory.delta", tmp_path / "out", workers=2) == file_digest(target)
+    assert (tmp_path / "out").read_bytes() == target.read_bytes()
