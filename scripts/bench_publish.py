@@ -1,15 +1,15 @@
 """Publishing and taking a version at the sizes of real models, stage by stage, on 1, 2, ... cores.
 
-    .venv/bin/python scripts/bench_publish.py --shape 0.6b --cores 1,2 [--json results.json] [--dir DIR]
+    .venv/bin/python scripts/bench_publish.py --shape 0.6b --cores 1,2 [--repeats 3] [--json F] [--dir DIR]
 
 Builds two synthetic bf16 versions of a Qwen3 shape (random weights; the second moves ~4 % of its 16-bit words
 by one unit in the last place, as one learner step at a small learning rate does), then, in a fresh process
 pinned to each core count (`sched_setaffinity`: `spare_cores()` and torch's threads see that many), times every
 stage of the learner's publish in the publisher's order and of a worker's take:
 
-  learner   snapshot (the bf16 copy of the weights), write (safetensors file), piece hashes + torrent,
-            seed (libtorrent session), digest (the whole file's BLAKE3, which the API announces), delta encode,
-            delta torrent + seed
+  learner   snapshot (the weights into the file's bytes in memory, `VersionImage`), then the write on its own
+            thread beside the piece hashes, the digest (the whole file's BLAKE3, which the API announces) and
+            the delta encode, all from that memory; the torrents (from the hashes) and the seeding
   worker    rebuild (delta -> file, with its digest check), verify (the digest of a full download)
   bound     one plain read and write of the version file (8 MiB blocks): what any publish must at least do
 
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,15 +103,22 @@ def plain_copy(src: Path, dst: Path) -> None:
             g.write(block)
 
 
+def write_timed(image, path: Path, t0: float) -> float:
+    image.write(path)
+    return time.perf_counter() - t0
+
+
 def one_core_count(root: Path, cores: int) -> dict[str, float]:
-    """Every stage in this process, pinned to `cores` cores."""
+    """Every stage in this process, pinned to `cores` cores, as the publisher and a worker run them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from safetensors.torch import load_file
 
     from echo2cli.broadcast.delta import apply_delta, encode_delta
     from echo2cli.broadcast.digest import file_digest
+    from echo2cli.broadcast.image import VersionImage
     from echo2cli.broadcast.node import TorrentNode
-    from echo2cli.broadcast.torrent import make_torrent
-    from echo2cli.learner.trainer import write_weights
+    from echo2cli.broadcast.torrent import make_torrent, piece_size_for
 
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     torch.set_num_threads(cores)
@@ -119,22 +127,27 @@ def one_core_count(root: Path, cores: int) -> dict[str, float]:
     version = out / "v2" / "model.safetensors"
     tracker = "http://127.0.0.1:9/announce"
     node = TorrentNode("127.0.0.1:0")
+    base_digest = file_digest(root / "v1" / "model.safetensors")  # known to the publisher from the last version
     try:
-        snapshot = timed(f, "snapshot", clone_all, weights)
+        t_publish = time.perf_counter()
+        image = timed(f, "snapshot", VersionImage, weights)
         del weights
-        timed(f, "write", write_weights, snapshot, version)
-        del snapshot
-        torrent = timed(f, "piece hashes + torrent", make_torrent, version.parent, tracker)
-        timed(f, "seed", node.seed, "full", torrent.data, out)
-        base_digest = file_digest(root / "v1" / "model.safetensors")  # known to the publisher from the last version
-        digest = timed(f, "digest", file_digest, version)
-        delta = out / "v2.delta" / "model.delta"
-        timed(f, "delta encode", encode_delta, root / "v1" / "model.safetensors", version, delta,
-              base_digest=base_digest, target_digest=digest)  # fmt: skip
         t0 = time.perf_counter()
+        with ThreadPoolExecutor(1) as writer:  # the publisher's order: the write beside the rest
+            written = writer.submit(write_timed, image, version, t0)
+            hashes = timed(f, "piece hashes", image.piece_hashes, piece_size_for(image.nbytes), cores)
+            digest = timed(f, "digest", image.digest, cores)
+            delta = out / "v2.delta" / "model.delta"
+            timed(f, "delta encode", encode_delta, root / "v1" / "model.safetensors", image.words, delta,
+                  base_digest=base_digest, target_digest=digest, workers=cores)  # fmt: skip
+            f["write (beside them)"] = written.result()
+        f["write, hashes, delta: wall"] = time.perf_counter() - t0
+        del image
+        t0 = time.perf_counter()
+        node.seed("full", make_torrent(version.parent, tracker, hashes=hashes).data, out)
         node.seed("delta", make_torrent(delta.parent, tracker).data, out)
-        f["delta torrent + seed"] = time.perf_counter() - t0
-        f["publish"] = sum(f.values())
+        f["torrents + seed"] = time.perf_counter() - t0
+        f["publish"] = time.perf_counter() - t_publish
         rebuilt = out / "rebuilt" / "model.safetensors"
         timed(f, "rebuild", apply_delta, root / "v1" / "model.safetensors", delta, rebuilt, digest, base_verified=True)
         timed(f, "verify", file_digest, rebuilt)
@@ -155,11 +168,13 @@ def main(a: argparse.Namespace) -> None:
         build(a.shape, root)
         size = (root / "v2" / "model.safetensors").stat().st_size
         print(f"shape {a.shape}: {size / 1e9:.2f} GB per bf16 version (built in {time.perf_counter() - t0:.0f} s)")
-        results = {}
-        for c in cores:
-            cmd = [sys.executable, __file__, "--one", str(c), "--root", str(root)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            results[c] = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs: dict[int, list[dict[str, float]]] = {c: [] for c in cores}
+        for _ in range(a.repeats):  # the core counts interleaved, so a noisy spell hits them alike
+            for c in cores:
+                cmd = [sys.executable, __file__, "--one", str(c), "--root", str(root)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        results = {c: {k: statistics.median(r[k] for r in runs[c]) for k in runs[c][0]} for c in cores}
     first = results[cores[0]]
     print(f"{'stage':<24}" + "".join(f"{f'{c} cores s':>12}" for c in cores) + f"{'speed-up':>10}{'GB/s':>8}")
     for stage in [k for k in first if k != "bytes"]:
@@ -171,13 +186,14 @@ def main(a: argparse.Namespace) -> None:
         speed = r["bound: read + write"] / r["publish"]
         print(f"{c} cores: publish {r['publish']:.2f} s = {speed:.2f} x the bound's speed")
     if a.json:
-        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "cores": results}, indent=1))
+        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "cores": results, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="0.6b")
     p.add_argument("--cores", default="1,2", help="core counts to run, comma-separated, fewest first")
+    p.add_argument("--repeats", type=int, default=1, help="runs per core count; each stage's median is shown")
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--dir", help="where the versions are built (default: the system's temporary directory)")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)

@@ -246,7 +246,7 @@ def apply_delta(
         try:
 
             def write(k: int) -> None:
-                data, at = memoryview(patch(k)).cast("B"), 2 * patch.starts[k]
+                data, at = patch(k).data.cast("B"), 2 * patch.starts[k]
                 while data:
                     done = os.pwrite(fd, data, at)
                     data, at = data[done:], at + done

@@ -88,9 +88,12 @@ def piece_hashes(ct: Any, root: Path, workers: int) -> list[bytes]:
             os.close(fd)
 
 
-def make_torrent(version_dir: Path, tracker_url: str, workers: int | None = None) -> TorrentFile:
+def make_torrent(
+    version_dir: Path, tracker_url: str, workers: int | None = None, hashes: list[bytes] | None = None
+) -> TorrentFile:
     """Torrent over `version_dir` (one directory, so the torrent's name is the directory's name); its pieces
-    hashed on `workers` threads (default: `spare_cores()`)."""
+    hashed on `workers` threads (default: `spare_cores()`), or given as `hashes` (a one-file directory's pieces
+    of `piece_size_for` its size, hashed from memory: `image.VersionImage.piece_hashes`)."""
     import libtorrent as lt
 
     files = lt.list_files(str(version_dir))
@@ -99,7 +102,9 @@ def make_torrent(version_dir: Path, tracker_url: str, workers: int | None = None
     ct.add_tracker(tracker_url)
     ct.set_priv(True)  # no DHT/PEX-from-outside: the learner's tracker is the only rendezvous
     ct.set_creator("echo2")
-    for piece, digest in enumerate(piece_hashes(ct, version_dir.parent, workers or spare_cores())):
+    if hashes is not None and (len(files) != 1 or len(hashes) != ct.num_pieces()):
+        raise BroadcastError(f"{version_dir}: the given piece hashes are not this directory's one file's")
+    for piece, digest in enumerate(hashes or piece_hashes(ct, version_dir.parent, workers or spare_cores())):
         ct.set_hash(piece, digest)
     data = lt.bencode(ct.generate())  # generate_buf() is broken in libtorrent 2.1.1
     return TorrentFile(data, str(lt.torrent_info(data).info_hashes().v1))

@@ -5,10 +5,12 @@ Each version after the first is also published as a delta against the previous o
 the previous version fetches a few percent of the bytes and rebuilds the file. The full torrent stays
 for workers without the base (late joiners, laggards).
 
-Publishing is off the training path: `publish(v)` takes a bf16 copy of the weights (a fraction of a second)
-and a background thread writes, hashes, delta-encodes, seeds and announces it while the next step trains. The
-piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed on a thread per core
-(`torrent.piece_hashes`, `digest.py`, `delta.py`; scripts/bench_publish.py times each stage).
+Publishing is off the training path: `publish(v)` copies the weights, cast to bf16, into the bytes of the
+version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA), and a background
+thread writes, hashes, delta-encodes, seeds and announces it while the next step trains. The file is written on
+one thread while the piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from
+the same memory on a thread per core (`image.py`, `digest.py`, `delta.py`; scripts/bench_publish.py times each
+stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
 `wait()` and `close()`. Whatever failed in the background (a full disk) is raised by the next of these, so
 the learner stops one step later with the same one-line error. Workers see v once it is announced; until
@@ -30,17 +32,15 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from echo2cli.broadcast.delta import encode_delta
-from echo2cli.broadcast.digest import file_digest
+from echo2cli.broadcast.image import VersionImage
 from echo2cli.broadcast.node import TorrentNode
-from echo2cli.broadcast.torrent import make_torrent
+from echo2cli.broadcast.torrent import make_torrent, piece_size_for, spare_cores
 from echo2cli.broadcast.webseed import WebSeed
 from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
-from echo2cli.learner.trainer import Trainer, write_weights
+from echo2cli.learner.trainer import Trainer
 from echo2cli.lora import adapter_dir
 from echo2cli.protocol import PolicyInfo
 
@@ -79,16 +79,16 @@ class Publisher:
         self.wait()
         waited = time.perf_counter() - t0
         if self.trainer.lora is not None and 0 not in self.sizes:  # the base, once, before the first adapters
-            self._write_and_announce(0, self.trainer.base_weights_bf16(), time.perf_counter())
+            self._write_and_announce(0, VersionImage(self.trainer.base_weights_bf16()), time.perf_counter())
             if version == 0:
                 return waited
-        tensors = self.trainer.weights_bf16()
-        if tensors is None:
+        image = self.trainer.weights_image()
+        if image is None:
             return waited
         if self._pool is None:
-            self._write_and_announce(version, tensors, time.perf_counter())
+            self._write_and_announce(version, image, time.perf_counter())
         else:
-            self._pending = self._pool.submit(self._write_and_announce, version, tensors, time.perf_counter())
+            self._pending = self._pool.submit(self._write_and_announce, version, image, time.perf_counter())
         return waited
 
     def wait(self) -> None:
@@ -107,24 +107,26 @@ class Publisher:
             self._pool.shutdown(wait=True)
         self.web_seed.close()
 
-    def _write_and_announce(self, version: int, tensors: dict[str, torch.Tensor], t0: float) -> PolicyInfo:
+    def _write_and_announce(self, version: int, image: VersionImage, t0: float) -> PolicyInfo:
         full = VersionKey(version)
         lora = self.trainer.lora if version > 0 else None
+        size, workers, fields = image.nbytes, spare_cores(), {}
+        base = max((v for v in self.sizes if v < version), default=None)
+        with ThreadPoolExecutor(1, thread_name_prefix="write") as writer:
+            written = writer.submit(self._write, version, image)
+            hashes = image.piece_hashes(piece_size_for(size), workers)
+            self.hashes[version] = image.digest(workers)
+            if base is not None and self.sizes[base] == size and lora is None:
+                delta = VersionKey(version, delta=True)
+                with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
+                    fields = self._publish_delta(base, version, image)
+            written.result()
+        del image
         with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
-            write_weights(tensors, full.path(self.root))
-            torrent = make_torrent(full.dir(self.root), self.tracker_url)
+            torrent = make_torrent(full.dir(self.root), self.tracker_url, hashes=hashes)
             if lora is not None:  # after the torrent: for `echo2 eval`, not for the workers (they write their own)
                 adapter_dir(full.dir(self.root), lora)
-        del tensors
         self.node.seed(full, torrent.data, self.root)
-        size = full.path(self.root).stat().st_size
-        self.hashes[version] = file_digest(full.path(self.root))
-        fields: dict = {}
-        base = max((v for v in self.sizes if v < version), default=None)
-        if base is not None and self.sizes[base] == size and lora is None:
-            delta = VersionKey(version, delta=True)
-            with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
-                fields = self._publish_delta(base, version)
         self.sizes[version] = size
         info = PolicyInfo(
             version=version,
@@ -141,12 +143,17 @@ class Publisher:
         self._prune(version)
         return info
 
-    def _publish_delta(self, base: int, version: int) -> dict:
+    def _write(self, version: int, image: VersionImage) -> None:
+        full = VersionKey(version)
+        with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
+            image.write(full.path(self.root))
+
+    def _publish_delta(self, base: int, version: int, image: VersionImage) -> dict:
         t0 = time.perf_counter()
         delta = VersionKey(version, delta=True)
         header = encode_delta(
             VersionKey(base).path(self.root),
-            VersionKey(version).path(self.root),
+            image.words,
             delta.path(self.root),
             base_digest=self.hashes[base],
             target_digest=self.hashes[version],

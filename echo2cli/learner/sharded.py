@@ -58,6 +58,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from echo2cli.broadcast.image import VersionImage
 from echo2cli.errors import ConfigError
 from echo2cli.learner.batching import balance
 from echo2cli.learner.shard_load import is_meta, materialize, meta_model
@@ -248,6 +249,11 @@ class ShardedTrainer(Trainer):
     def weights_bf16(self) -> dict[str, torch.Tensor] | None:
         self._tell("weights_bf16")
         return super().weights_bf16()
+
+    def weights_image(self) -> VersionImage | None:
+        """Rank 0: the gathered bf16 weights as a file image (the other ranks join the gather)."""
+        tensors = self.weights_bf16()
+        return None if tensors is None else VersionImage(tensors)
 
     def save_checkpoint(self, directory: Path) -> None:
         self._tell("save_checkpoint", directory)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from echo2cli.broadcast.image import VersionImage
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
@@ -454,6 +455,15 @@ class Trainer:
         if tensors is not None and getattr(self.model.config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
         return tensors
+
+    def weights_image(self) -> VersionImage | None:
+        """The version to publish as its file's bytes in host memory (None on a rank that does not write): each
+        tensor cast and copied straight to its place, through pinned memory on CUDA (broadcast/image.py), with no
+        bf16 copy of each tensor on the way. Training may go on while it is written."""
+        state = adapter_state(self.peft) if self.peft is not None else self.model.state_dict()
+        if self.peft is None and getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        return VersionImage(state)
 
     def export_weights(self, path: Path) -> None:
         """Write model.safetensors in bf16 (the rollout/wire dtype)."""
