@@ -21,8 +21,8 @@
 #      same-run baseline: mkdir .baseline && git archive COMMIT echo2cli | tar -x -C .baseline (git-ignored;
 #      carry it with .whl).
 # A compiled run's first step compiles (about 40 s on an H200); each run takes 4 steps, the first a warm-up.
-# The packages the lent machine lacks (pydantic, fastapi, uvicorn, libtorrent, zstandard, ...) travel as wheels in
-# .whl/ (../shared/FIELD-NOTES.md says how to fetch them). Results: $OUT/results.jsonl (one JSON line per run) and
+# The packages the lent machine lacks (pydantic, fastapi, uvicorn, libtorrent, zstandard, blake3, ...) travel as
+# wheels in .whl/ (../shared/FIELD-NOTES.md says how to fetch them). Results: $OUT/results.jsonl (one JSON line per run) and
 # $OUT/log.txt; a summary table at the end.
 #
 # Dry run on a CPU box (tiny shapes, minutes): GPU_CHECK_DRY=1 PYTHON=.venv/bin/python bash scripts/gpu_check.sh
