@@ -62,7 +62,7 @@ def pin_thread(cpus: set[int]) -> None:
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc's malloc.h)
-KEEP_FREED_BYTES, MMAP_FROM_BYTES = 512 << 20, 32 << 20
+KEEP_FREED_BYTES, MMAP_FROM_BYTES = 64 << 20, 32 << 20
 
 
 def keep_freed_memory() -> None:
