@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from echo2cli.broadcast.digest import file_digest, hasher
+from echo2cli.broadcast.digest import file_digest, memory_digest
 from echo2cli.broadcast.torrent import spare_cores
 from echo2cli.errors import BroadcastError
 from echo2cli.hardware import keep_freed_memory
@@ -123,7 +123,7 @@ def encode_delta(
     workers = workers or spare_cores()
     base_digest = base_digest or file_digest(base, workers)
     if not target_digest:
-        target_digest = file_digest(target, workers) if isinstance(target, Path) else _digest_of(new, workers)
+        target_digest = file_digest(target, workers) if isinstance(target, Path) else memory_digest(new, workers)
     with ThreadPoolExecutor(workers, thread_name_prefix="delta") as pool:
         coded = list(pool.map(lambda at: _encode_chunk(old[at : at + CHUNK_WORDS], new[at : at + CHUNK_WORDS]),
                               _chunks(new.size)))  # fmt: skip
@@ -152,12 +152,6 @@ def encode_delta(
             f.write(blob)
     tmp.rename(out)
     return header | {"delta_bytes": out.stat().st_size, "full_bytes": int(new.nbytes)}
-
-
-def _digest_of(words: np.ndarray, workers: int) -> str:
-    h = hasher(workers)
-    h.update(words.view(np.uint8))
-    return h.hexdigest()
 
 
 def read_header(delta: Path) -> tuple[dict, int]:

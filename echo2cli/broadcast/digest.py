@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import blake3
+import numpy as np
 
 from echo2cli.broadcast.torrent import spare_cores
 
@@ -20,6 +21,13 @@ from echo2cli.broadcast.torrent import spare_cores
 def hasher(workers: int = 1) -> blake3.blake3:
     """An incremental digest; `update` calls with large buffers are hashed on up to `workers` threads."""
     return blake3.blake3(max_threads=max(1, workers))
+
+
+def memory_digest(data: np.ndarray, workers: int) -> str:
+    """The hex digest of the bytes of `data` (a file's image in memory), hashed on `workers` threads."""
+    h = hasher(workers)
+    h.update(data.view(np.uint8).data)
+    return h.hexdigest()
 
 
 def file_digest(path: Path, workers: int | None = None) -> str:

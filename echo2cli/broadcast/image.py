@@ -87,8 +87,6 @@ class VersionImage:
 
     def digest(self, workers: int) -> str:
         """The file's digest (`digest.py`), on `workers` threads."""
-        from echo2cli.broadcast.digest import hasher
+        from echo2cli.broadcast.digest import memory_digest
 
-        h = hasher(workers)
-        h.update(self.data.data)
-        return h.hexdigest()
+        return memory_digest(self.data, workers)
