@@ -128,10 +128,15 @@ class Learner:
         return json.loads((self.out / "summary.json").read_text())
 
 
-def wait_for(predicate, timeout_s: float, what: str) -> None:
+def wait_for(predicate, timeout_s: float, what: str, logs: tuple[Path, ...] = ()) -> None:
+    """Poll `predicate`; on a timeout, fail with the ends of `logs` (CI keeps nothing else of a run)."""
     deadline = time.time() + timeout_s
     while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        if time.time() > deadline:
+            tails = "\n".join(
+                f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}" for log in logs if log.exists()
+            )
+            raise AssertionError(f"timed out waiting for {what}\n{tails}")
         time.sleep(0.3)
 
 
@@ -172,6 +177,7 @@ def churn(tmp_path_factory):
         # phase 1: churn
         for i in range(KILLS):
             name = f"c{i}"
+            started = time.time()
             proc = spawn(
                 worker_args(learner.url, out, name, "--max-rollouts-per-s", "4"),
                 out / f"{name}.log",
@@ -181,7 +187,12 @@ def churn(tmp_path_factory):
                 time.sleep(rng.uniform(5, 60))  # start-up, fetch, engine load or a lease
                 mode = "random"
             else:
-                wait_for(lambda n=name: holding_lease(learner, n), 240, f"{name} to hold a lease")
+                wait_for(
+                    lambda n=name: holding_lease(learner, n),
+                    480,  # a fresh worker starts vLLM and loads each new version first: ~110 s on a quiet 2-core box
+                    f"{name} to hold a lease",
+                    logs=(out / f"{name}.log", out / "learner.log"),
+                )
                 time.sleep(rng.uniform(0, 0.3))
                 mode = "mid-lease"
             w = learner.worker(name)
@@ -193,6 +204,7 @@ def churn(tmp_path_factory):
                     "at_step": (learner.status() or {}).get("step"),
                     "joined": w is not None,
                     "held_prompts": w["leased_prompts"] if w else 0,
+                    "after_s": round(time.time() - started, 1),
                 }
             )
             if i == 3:  # freeze w1 while it holds a lease, past the deadline, then thaw it
