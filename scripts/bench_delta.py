@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_checkpoint import make_trainer  # noqa: E402
 from bench_train import make_groups  # noqa: E402
 
-from echo2cli.broadcast import delta as delta_module  # noqa: E402
+from echo2cli.broadcast import kernels  # noqa: E402
 from echo2cli.broadcast.delta import apply_delta, encode_delta  # noqa: E402
 from echo2cli.broadcast.digest import file_digest  # noqa: E402
 from echo2cli.learner.trainer import write_weights  # noqa: E402
@@ -46,7 +46,18 @@ from echo2cli.models import prepare_default_model  # noqa: E402
 def file_order() -> None:
     """The previous format in this process (`ECHO2DELTA2`): the same streams, with the changed words visited in
     file order instead of by exponent."""
-    delta_module.visit_order = lambda words: np.arange(words.size)
+
+    def changes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = np.flatnonzero(a != b)
+        return at, kernels.position(b[at]) - kernels.position(a[at])
+
+    kernels.changes_in_visit_order = changes
+
+    def patch(words: np.ndarray, places: np.ndarray, steps: np.ndarray) -> bool:
+        words[places] = kernels.from_position(kernels.position(words[places]) + steps)
+        return True
+
+    kernels.patch = patch
 
 
 def one(variant: str, root: Path) -> None:

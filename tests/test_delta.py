@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from echo2cli.broadcast.delta import apply_delta, encode_delta
+from echo2cli.broadcast.delta import CHUNK_WORDS, apply_delta, encode_delta
 from echo2cli.broadcast.digest import file_digest
 from echo2cli.errors import BroadcastError
 
@@ -99,7 +99,7 @@ def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypat
 
 
 def test_words_are_visited_by_exponent_and_a_delta_of_mixed_exponents_rebuilds(tmp_path):
-    from echo2cli.broadcast.delta import visit_order
+    from echo2cli.broadcast.kernels import visit_order
 
     words = np.array([0x4000, 0x3F80, 0xBF81, 0x3C00, 0x3F82], np.uint16)  # exponents 128, 127, 127, 120, 127
     assert visit_order(words).tolist() == [3, 1, 2, 4, 0]
@@ -212,3 +212,36 @@ def test_a_delta_whose_last_chunks_are_unchanged_rebuilds_and_one_from_memory_is
     assert (tmp_path / "file.delta").read_bytes() == (tmp_path / "memory.delta").read_bytes()
     assert apply_delta(base, tmp_path / "memory.delta", tmp_path / "out", workers=2) == file_digest(target)
     assert (tmp_path / "out").read_bytes() == target.read_bytes()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 5000, CHUNK_WORDS])
+@pytest.mark.parametrize("changed_frac", [0.0, 0.05, 1.0])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_kernels_agree_with_the_visit_order_word_for_word(n, changed_frac, compiled):
+    """kernels.py's counting sorts (compiled, and the numpy fallback) against `visit_order` (numpy's stable
+    argsort), on every exponent and the bf16 words a model has, with none, some and all words changed."""
+    from echo2cli.broadcast import kernels
+
+    changes = kernels.changes_in_visit_order if compiled else kernels._changes_numpy
+    patch = kernels.patch if compiled else kernels._patch_numpy
+    assert kernels.COMPILED  # numba is a dependency
+    rng = np.random.default_rng(n)
+    weights = (rng.standard_normal(n).astype(np.float32) * 0.02).view(np.uint32) >> 16
+    a = np.where(rng.random(n) < 0.5, weights, rng.integers(0, 1 << 16, n)).astype(np.uint16)
+    b = a.copy()
+    changed = rng.random(n) < changed_frac
+    b[changed] ^= rng.integers(1, 1 << 16, int(changed.sum())).astype(np.uint16)
+    order = kernels.visit_order(a)
+    places, steps = changes(a, b)
+    assert places.tolist() == np.flatnonzero((a != b)[order]).tolist()
+    at = order[places]
+    assert steps.tolist() == (kernels.position(b[at]) - kernels.position(a[at])).tolist()
+    some = np.sort(rng.choice(n, n // 3, replace=False)) if n else np.zeros(0, np.int64)
+    moves = rng.integers(-3, 4, some.size).astype(np.int32)
+    inside = (kernels.position(a[order[some]]) + moves).clip(-0x8000, 0x7FFF) - kernels.position(a[order[some]])
+    patched, want = a.copy(), a.copy()
+    want[order[some]] = kernels.from_position(kernels.position(a[order[some]]) + inside)
+    assert patch(patched, some, inside.astype(np.int32)) and patched.tolist() == want.tolist()
+    if n:  # a step past the largest bf16 pattern is refused, not wrapped
+        top = np.array([0x7FFF] * 3, np.uint16)
+        assert not patch(top, np.array([1], np.int64), np.array([1], np.int32))

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from echo2cli.broadcast import kernels
 from echo2cli.broadcast.digest import file_digest, memory_digest
+from echo2cli.broadcast.kernels import from_position, position  # noqa: F401 - the coding's definitions
 from echo2cli.broadcast.torrent import spare_cores
 from echo2cli.errors import BroadcastError
 from echo2cli.hardware import keep_freed_memory
@@ -62,30 +64,10 @@ def _chunks(n: int) -> range:
     return range(0, n, CHUNK_WORDS)
 
 
-def position(words: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns in value order, as int32: +x at its magnitude bits, -x at -(magnitude bits) - 1."""
-    w: np.ndarray = words.astype(np.int32)
-    magnitude = w & 0x7FFF
-    return np.where(w >> 15 == 1, -magnitude - 1, magnitude)
-
-
-def visit_order(base_words: np.ndarray) -> np.ndarray:
-    """The order a chunk's words are coded in: by their bf16 exponent in the base, file order within one."""
-    return np.argsort(((base_words >> 7) & 0xFF).astype(np.uint8), kind="stable")  # 8-bit keys: radix sort
-
-
-def from_position(pos: np.ndarray) -> np.ndarray:
-    """The inverse of `position`."""
-    return np.where(pos < 0, 0x8000 | (-pos - 1), pos).astype(np.uint16)
-
-
 def _encode_chunk(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     """One chunk's part of each stream (before the bit packing and the byte planes)."""
-    order = visit_order(a)
-    idx = np.flatnonzero((a != b)[order])  # the changed words' places in the visit order
-    at = order[idx]  # and in the file
+    idx, step = kernels.changes_in_visit_order(a, b)  # the changed words' places in the visit order, their steps
     gaps = np.diff(idx, prepend=-1) - 1
-    step = position(b[at]) - position(a[at])
     size = np.abs(step)
     return {
         "counts": np.array([idx.size], np.uint32),
@@ -111,7 +93,7 @@ def encode_delta(
     publisher's `VersionImage.words`); returns its header (sizes, hashes).
 
     Pass the files' digests if already known (the publisher has them) to skip hashing them again. The chunks
-    are coded on `workers` threads (default: `spare_cores()`; numpy's sorts, compares and gathers release the
+    are coded on `workers` threads (default: `spare_cores()`; the compiled kernels and numpy release the
     GIL) and joined in file order, so the delta is the same bytes whatever the thread count.
     """
     import zstandard
@@ -292,13 +274,10 @@ class _Patcher:
         visited = np.cumsum(gaps + 1) - 1  # positions in the chunk's visit order
         if visited[-1] >= n:
             raise BroadcastError(f"delta {self.delta} is inconsistent with its header")
-        idx = visit_order(base)[visited]
         big = s["big"][lo:hi]
         steps: np.ndarray = np.ones(hi - lo, np.int32)
         steps[big] = s["steps"][int(self.used_big[k]) : int(self.used_big[k + 1])] + 2
         steps[s["signs"][lo:hi]] *= -1
-        pos = position(base[idx]) + steps
-        if pos.min() < -0x8000 or pos.max() > 0x7FFF:
+        if not kernels.patch(chunk, visited, steps):
             raise BroadcastError(f"delta {self.delta} is inconsistent with its header")
-        chunk[idx] = from_position(pos)
         return chunk

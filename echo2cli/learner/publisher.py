@@ -32,6 +32,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from echo2cli.broadcast import kernels
 from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.image import VersionImage
 from echo2cli.broadcast.node import TorrentNode
@@ -69,6 +70,8 @@ class Publisher:
         self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
         self.announce_s: float | None = None  # the newest announced version's seconds from the copy to announced
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="publish") if background else None
+        if self._pool is not None:  # before the first version, not waited on: the delta coder's compiled loops
+            self._pool.submit(kernels.warm_up)
         self._pending: Future | None = None
 
     def publish(self, version: int) -> float:
