@@ -122,9 +122,11 @@ def one_core_count(root: Path, cores: int) -> dict[str, float]:
     from echo2cli.broadcast.delta import apply_delta, encode_delta
     from echo2cli.broadcast.digest import file_digest
     from echo2cli.broadcast.image import VersionImage
+    from echo2cli.broadcast.kernels import warm_up
     from echo2cli.broadcast.node import TorrentNode
     from echo2cli.broadcast.torrent import make_torrent, piece_size_for
 
+    warm_up()  # the learner and the worker compile the delta coder's loops once, at start
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     torch.set_num_threads(cores)
     out, f = root / f"c{cores}", {}
@@ -180,7 +182,9 @@ def main(a: argparse.Namespace) -> None:
         for _ in range(a.repeats):  # the core counts interleaved, so a noisy spell hits them alike
             for c in cores:
                 cmd = [sys.executable, __file__, "--one", str(c), "--root", str(root)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode:
+                    sys.exit(f"the run on {c} cores failed:\n{proc.stderr[-3000:]}")
                 runs[c].append(json.loads(proc.stdout.strip().splitlines()[-1]))
         results = {c: {k: statistics.median(r[k] for r in runs[c]) for k in runs[c][0]} for c in cores}
     first = results[cores[0]]
