@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from echo2cli.broadcast import kernels
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import WorkerConfig
 from echo2cli.errors import BroadcastError, LeaseLost, ProtocolError, SessionLost
@@ -470,6 +471,7 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
         )
 
     worker = Worker(cfg, client=client, make_node=make_node, make_engine=make_engine, console=console)
+    threading.Thread(target=kernels.warm_up, name="warm-up", daemon=True).start()  # before the first delta
     return worker
 
 

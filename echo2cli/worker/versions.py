@@ -34,7 +34,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from echo2cli.broadcast import kernels
 from echo2cli.broadcast.delta import apply_delta
 from echo2cli.broadcast.digest import file_digest
 from echo2cli.broadcast.node import TorrentNode
@@ -158,7 +157,6 @@ class VersionStore:
         self._failure: BaseException | None = None  # what `prepare` could not recover from, raised by `ready`
         self._t_rebuild = 0.0
         self._verified_at = 0.0  # when `_verified` was last set
-        threading.Thread(target=kernels.warm_up, name="warm-up", daemon=True).start()  # before the first delta
 
     def weights(self, version: int) -> Path:
         return VersionKey(version).path(self.root)
