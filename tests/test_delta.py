@@ -76,6 +76,7 @@ def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypat
     and a change in the last word. The base's words share one exponent but for four, so words are visited in file
     order (`visit_order`) and unchanged runs make gaps."""
     from echo2cli.broadcast import delta as delta_module
+    from echo2cli.broadcast import kernels
 
     monkeypatch.setattr(delta_module, "CHUNK_WORDS", 512)
     rng = np.random.default_rng(1)
@@ -85,7 +86,7 @@ def test_every_kind_of_change_rebuilds_exactly_across_chunks(tmp_path, monkeypat
     new = old.copy()
     new[[10, 11, 12, 13]] = [0x8000, 0x0000, 0xFFFF, 0x7FFF]
     small = rng.choice(np.arange(20, 500), 60, replace=False)
-    new[small] = delta_module.from_position(delta_module.position(old[small]).clip(-32767, 32766) + 1)
+    new[small] = kernels.from_position(kernels.position(old[small]).clip(-32767, 32766) + 1)
     new[rng.choice(np.arange(1200, 1500), 30, replace=False)] = rng.integers(0, 1 << 16, 30, dtype=np.uint16)
     new[-1] ^= 1  # words 500-1199 and 1500-2001 do not change: gaps of 255 and more, in and across chunks
     old.tofile(base := tmp_path / "a")
@@ -114,7 +115,7 @@ def test_words_are_visited_by_exponent_and_a_delta_of_mixed_exponents_rebuilds(t
 
 
 def test_position_orders_bf16_by_value_and_round_trips():
-    from echo2cli.broadcast.delta import from_position, position
+    from echo2cli.broadcast.kernels import from_position, position
 
     words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     pos = position(words)

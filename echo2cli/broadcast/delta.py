@@ -39,7 +39,6 @@ import numpy as np
 
 from echo2cli.broadcast import kernels
 from echo2cli.broadcast.digest import file_digest, memory_digest
-from echo2cli.broadcast.kernels import from_position, position  # noqa: F401 - the coding's definitions
 from echo2cli.broadcast.torrent import spare_cores
 from echo2cli.errors import BroadcastError
 from echo2cli.hardware import keep_freed_memory
