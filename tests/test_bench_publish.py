@@ -16,7 +16,8 @@ def test_the_publish_benchmark_times_every_stage_at_a_tiny_shape(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())["cores"]["1"]
-    stages = ["snapshot", "write (beside them)", "piece hashes", "digest", "delta encode", "torrents + seed", "publish"]
-    stages += ["rebuild", "verify", "bound: read + write"]
+    stages = ["first snapshot", "snapshot", "write (beside them)", "piece hashes", "digest", "delta encode"]
+    stages += ["torrents + seed", "publish"]
+    stages += ["rebuild", "verify", "bound: read + write", "bound: ... to the disk"]
     assert all(figures[s] > 0 for s in stages) and "x the bound's speed" in proc.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["publish.json"]  # the versions are gone

@@ -38,3 +38,69 @@ def test_piece_hashes_and_digest_from_memory_equal_those_of_the_written_file(tmp
     tracker = "http://127.0.0.1:9/announce"
     assert make_torrent(path.parent, tracker, hashes=hashes).data == make_torrent(path.parent, tracker).data
     assert image.digest(workers=2) == file_digest(path)
+
+
+def test_the_direct_write_and_its_buffered_tail_and_fallback_give_the_same_file(tmp_path, monkeypatch):
+    """Whole 4 KiB blocks go O_DIRECT (in blocks of WRITE_BLOCK), the tail buffered; where the filesystem refuses
+    O_DIRECT (EINVAL at the open, as older tmpfs does, or at the first write) the file is written buffered. Each
+    way gives safetensors' bytes and leaves no temporary file."""
+    import errno
+    import os
+
+    from echo2cli.broadcast import image as image_module
+
+    monkeypatch.setattr(image_module, "WRITE_BLOCK", 3 * image_module.ALIGN)  # several direct blocks, and a short one
+    image = VersionImage(weights())
+    assert image.nbytes % image_module.ALIGN and image.data.ctypes.data % image_module.ALIGN == 0
+    want = image.data.tobytes()
+    assert image._write_direct(tmp_path / "probe") == image.nbytes - image.nbytes % image_module.ALIGN
+    image.write(tmp_path / "direct" / "model.safetensors")
+    real_open = os.open
+
+    def refuse_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    def refuse_write(fd, data, at):  # only the direct part writes with os.pwrite
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "open", refuse_open)
+    image.write(tmp_path / "refused-open" / "model.safetensors")
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "pwrite", refuse_write)
+    image.write(tmp_path / "refused-write" / "model.safetensors")
+    for name in ("direct", "refused-open", "refused-write"):
+        assert (tmp_path / name / "model.safetensors").read_bytes() == want
+        assert not list((tmp_path / name).glob("*.tmp"))
+
+
+def test_a_full_disk_during_the_direct_write_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import pytest
+
+    image = VersionImage(weights())
+    real = os.pwrite
+
+    def full(fd, data, at):
+        if at > 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, at)
+
+    monkeypatch.setattr("echo2cli.broadcast.image.WRITE_BLOCK", 4096)
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        image.write(tmp_path / "v" / "model.safetensors")
+    assert not list((tmp_path / "v").iterdir())
+
+
+def test_an_image_reuses_the_memory_of_a_finished_one_of_the_same_size_only():
+    first = VersionImage(weights())
+    moved = {k: v + 1 for k, v in weights().items()}
+    second = VersionImage(moved, reuse=first)
+    assert second.buf.data_ptr() == first.buf.data_ptr()
+    assert second.data.tobytes() == VersionImage(moved).data.tobytes()  # every byte rewritten, header included
+    smaller = VersionImage({"w": torch.ones(10)}, reuse=second)
+    assert smaller.buf.data_ptr() != second.buf.data_ptr() and smaller.nbytes < second.nbytes

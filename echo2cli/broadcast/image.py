@@ -5,12 +5,17 @@ buffer (pinned on a CUDA learner, so the device-to-host copies run asynchronousl
 The publisher then writes the file from it on one thread while the piece hashes, the digest and the delta are
 computed from the same memory on the others, instead of writing first and reading the file back for each.
 
+The file is written with O_DIRECT where the filesystem takes it: the disk's DMA reads the buffer (page-aligned
+for that), where a buffered write spends a core copying 1–16 GB into the page cache, a core the hashes and the
+delta need (an encode beside a buffered write took 1.4x its time beside a direct one: docs/BENCHMARKS.md).
+
 The bytes are those of `safetensors.torch.save_file(tensors, metadata={"format": "pt"})` for bf16 tensors
 (tests/test_image.py): the tensors sorted by name, the JSON header padded with spaces to a multiple of 8.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 
 WRITE_BLOCK = 64 << 20  # bytes per write call
+ALIGN = 4096  # what O_DIRECT asks of a write's memory, offset and length
 
 
 def _header(tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, int]]:
@@ -39,12 +45,22 @@ def _header(tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, int]]:
 class VersionImage:
     """One version's safetensors file in memory (`data`: bytes; `words`: the same bytes as 16-bit words)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy `tensors` (any device, any floating dtype; cast to bf16) into a new image."""
+    def __init__(self, tensors: dict[str, torch.Tensor], reuse: VersionImage | None = None) -> None:
+        """Copy `tensors` (any device, any floating dtype; cast to bf16) into a new image. `reuse`: an image
+        nobody needs any more (the learner's last version, once announced) whose memory this one takes over
+        where the sizes match: refilling mapped memory took 0.2 s for 1.19 GB on one core where a fresh buffer
+        took 1.2-2 s, mostly page faults (docs/BENCHMARKS.md)."""
         header, offsets = _header(tensors)
         size = len(header) + 2 * sum(t.numel() for t in tensors.values())
         cuda = any(t.is_cuda for t in tensors.values())
-        self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+        if reuse is not None and reuse.nbytes == size and reuse.buf.is_pinned() == cuda:
+            self.buf = reuse.buf
+        elif cuda:  # page-locked, so the device-to-host copies are asynchronous (and page-aligned)
+            self.buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        else:  # torch's allocator (faster to fill than a fresh mmap here), page-aligned for the direct write
+            raw = torch.empty(size + ALIGN, dtype=torch.uint8)
+            skip = -raw.data_ptr() % ALIGN
+            self.buf = raw[skip : skip + size]
         self.buf[: len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
         for name, t in tensors.items():
             at = len(header) + offsets[name]
@@ -67,14 +83,40 @@ class VersionImage:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
+            done = self._write_direct(tmp)
+            with open(tmp, "r+b" if done else "wb") as f:  # the rest (all of it where O_DIRECT is refused)
+                f.seek(done)
                 view = self.data.data
-                for at in range(0, self.nbytes, WRITE_BLOCK):
+                for at in range(done, self.nbytes, WRITE_BLOCK):
                     f.write(view[at : at + WRITE_BLOCK])
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    def _write_direct(self, tmp: Path) -> int:
+        """Write the whole 4 KiB blocks of the image to `tmp` with O_DIRECT; returns how many bytes it wrote (0
+        where the filesystem (tmpfs), the platform or the buffer's alignment does not allow it)."""
+        whole = self.nbytes - self.nbytes % ALIGN
+        if not hasattr(os, "O_DIRECT") or whole == 0 or self.data.ctypes.data % ALIGN:
+            return 0
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return 0
+            raise
+        view, at = self.data.data, 0
+        try:
+            while at < whole:
+                at += os.pwrite(fd, view[at : min(at + WRITE_BLOCK, whole)], at)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            return 0  # refused (a filesystem that opens but does not write O_DIRECT): written buffered instead
+        finally:
+            os.close(fd)
+        return whole
 
     def piece_hashes(self, piece_size: int, workers: int) -> list[bytes]:
         """SHA-1 of each `piece_size` piece of the file (a one-file v1 torrent's pieces), `workers` at a time."""

@@ -6,9 +6,9 @@ the previous version fetches a few percent of the bytes and rebuilds the file. T
 for workers without the base (late joiners, laggards).
 
 Publishing is off the training path: `publish(v)` copies the weights, cast to bf16, into the bytes of the
-version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA), and a background
-thread writes, hashes, delta-encodes, seeds and announces it while the next step trains. The file is written on
-one thread while the piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from
+version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA; on the CPU, into the
+memory of the last announced version, already mapped), and a background thread writes, hashes, delta-encodes,
+seeds and announces it while the next step trains. The file is written on one thread (O_DIRECT) while the piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from
 the same memory on a thread per core (`image.py`, `digest.py`, `delta.py`; scripts/bench_publish.py times each
 stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
@@ -73,6 +73,7 @@ class Publisher:
         if self._pool is not None:  # before the first version, not waited on: the delta coder's compiled loops
             self._pool.submit(kernels.warm_up)
         self._pending: Future | None = None
+        self._spare: VersionImage | None = None  # the last announced version's image: the next snapshot's memory
 
     def publish(self, version: int) -> float:
         """Copy the weights now; write and announce them in the background (see the module docstring). Returns
@@ -85,7 +86,8 @@ class Publisher:
             self._write_and_announce(0, VersionImage(self.trainer.base_weights_bf16()), time.perf_counter())
             if version == 0:
                 return waited
-        image = self.trainer.weights_image()
+        image = self.trainer.weights_image(reuse=self._spare)  # the last version is announced: its memory is free
+        self._spare = None
         if image is None:
             return waited
         if self._pool is None:
@@ -124,7 +126,7 @@ class Publisher:
                 with disk_full_is_one_line(f"the delta of version {version} to {delta.dir(self.root)}"):
                     fields = self._publish_delta(base, version, image)
             written.result()
-        del image
+        self._spare = image
         with disk_full_is_one_line(f"version {version} to {full.dir(self.root)}"):
             torrent = make_torrent(full.dir(self.root), self.tracker_url, hashes=hashes)
             if lora is not None:  # after the torrent: for `echo2 eval`, not for the workers (they write their own)

@@ -250,10 +250,10 @@ class ShardedTrainer(Trainer):
         self._tell("weights_bf16")
         return super().weights_bf16()
 
-    def weights_image(self) -> VersionImage | None:
+    def weights_image(self, reuse: VersionImage | None = None) -> VersionImage | None:
         """Rank 0: the gathered bf16 weights as a file image (the other ranks join the gather)."""
         tensors = self.weights_bf16()
-        return None if tensors is None else VersionImage(tensors)
+        return None if tensors is None else VersionImage(tensors, reuse)
 
     def save_checkpoint(self, directory: Path) -> None:
         self._tell("save_checkpoint", directory)

@@ -456,14 +456,15 @@ class Trainer:
             tensors.pop("lm_head.weight", None)
         return tensors
 
-    def weights_image(self) -> VersionImage | None:
+    def weights_image(self, reuse: VersionImage | None = None) -> VersionImage | None:
         """The version to publish as its file's bytes in host memory (None on a rank that does not write): each
         tensor cast and copied straight to its place, through pinned memory on CUDA (broadcast/image.py), with no
-        bf16 copy of each tensor on the way. Training may go on while it is written."""
+        bf16 copy of each tensor on the way. Training may go on while it is written. `reuse`: a published
+        version's image whose memory this one may take over (`VersionImage`)."""
         state = adapter_state(self.peft) if self.peft is not None else self.model.state_dict()
         if self.peft is None and getattr(self.model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
-        return VersionImage(state)
+        return VersionImage(state, reuse)
 
     def export_weights(self, path: Path) -> None:
         """Write model.safetensors in bf16 (the rollout/wire dtype)."""
