@@ -53,6 +53,7 @@ class VersionImage:
         header, offsets = _header(tensors)
         size = len(header) + 2 * sum(t.numel() for t in tensors.values())
         cuda = any(t.is_cuda for t in tensors.values())
+        self.buf: torch.Tensor
         if reuse is not None and reuse.nbytes == size and reuse.buf.is_pinned() == cuda:
             self.buf = reuse.buf
         elif cuda:  # page-locked, so the device-to-host copies are asynchronous (and page-aligned)

@@ -8,9 +8,9 @@ for workers without the base (late joiners, laggards).
 Publishing is off the training path: `publish(v)` copies the weights, cast to bf16, into the bytes of the
 version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA; on the CPU, into the
 memory of the last announced version, already mapped), and a background thread writes, hashes, delta-encodes,
-seeds and announces it while the next step trains. The file is written on one thread (O_DIRECT) while the piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from
-the same memory on a thread per core (`image.py`, `digest.py`, `delta.py`; scripts/bench_publish.py times each
-stage).
+seeds and announces it while the next step trains. The file is written on one thread (O_DIRECT) while the
+piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from the same memory on
+a thread per core (`image.py`, `digest.py`, `delta.py`; scripts/bench_publish.py times each stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
 `wait()` and `close()`. Whatever failed in the background (a full disk) is raised by the next of these, so
 the learner stops one step later with the same one-line error. Workers see v once it is announced; until
