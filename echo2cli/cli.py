@@ -451,6 +451,7 @@ def bench_staleness(
     """Real runs (learner + workers, then `echo2 eval`) for each staleness bound S, correction and seed: reward
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
+    from echo2cli.bench.paired import describe
     from echo2cli.bench.staleness import plot as plot_rows
     from echo2cli.bench.staleness import run_bench, summary
 
@@ -471,9 +472,8 @@ def bench_staleness(
         print(json.dumps({"settings": table_rows, "runs": rows}))
         return
     table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
-    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "pass@k", "steps 2..N s"]
-    columns.append("vs S=0")
-    columns.append("guard flagged")
+    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "acc - S=0, paired [95% CI]"]
+    columns += ["pass@k", "steps 2..N s", "vs S=0", "guard flagged"]
     for col in columns:
         table.add_column(col, justify="right")
     for r in table_rows:
@@ -485,6 +485,7 @@ def bench_staleness(
             str(r["lora_rank"] or "-"),
             str(r["seeds"]),
             f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.2f}-{r['greedy_accuracy_max']:.2f})",
+            "-" if r["acc_vs_sync"] is None else describe(r["acc_vs_sync"]),
             f"{r['pass_at_k']:.3f}",
             f"{r['steady_s']:.0f}",
             speed,

@@ -186,6 +186,31 @@ def report(rows_path: Path) -> None:
             f"| {statistics.mean(acc):.3f} ({min(acc):.3f}-{max(acc):.3f}) "
             f"| {statistics.mean(r['pass_at_k'] for r in runs):.3f} | {ratio} |"
         )
+    report_paired(keyed)
+
+
+def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
+    """echo2 against TRL at each learning rate, seed by seed (echo2cli/bench/paired.py): the difference in
+    held-out accuracy and the ratio of wall times, each with a bootstrap 95 % interval over the shared seeds."""
+    from echo2cli.bench.paired import describe, paired_difference
+
+    echo2 = next((runs for (side, _), runs in keyed.items() if side == "echo2"), [])
+    if not echo2:
+        return
+    print("\n| TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] | wall time, echo2 / TRL, paired [95% CI] |")
+    print("|---|---|---|")
+    for (side, lr), runs in sorted(keyed.items()):
+        if side != "trl":
+            continue
+        acc = paired_difference(
+            {r["seed"]: r["greedy_accuracy"] for r in echo2}, {r["seed"]: r["greedy_accuracy"] for r in runs}
+        )
+        trl_wall = {r["seed"]: r["wall_s"] for r in runs}
+        ratio = paired_difference(
+            {r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall},
+            {s: 0.0 for s in trl_wall},
+        )
+        print(f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} |")
 
 
 if __name__ == "__main__":

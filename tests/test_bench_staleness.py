@@ -83,3 +83,15 @@ def test_bucket_means_weigh_each_step_by_its_tokens():
     out = bucket_means(steps)
     assert list(out) == ["0", "2"]
     assert out["2"]["tokens"] == 400 and out["2"]["is_ess"] == pytest.approx((80 + 120) / 400)
+
+
+def test_the_summary_compares_each_setting_with_s0_seed_by_seed():
+    rows = [row(0, seed, acc, 100) for seed, acc in enumerate([0.30, 0.50, 0.40])]
+    rows += [row(4, seed, acc, 50) for seed, acc in enumerate([0.35, 0.56, 0.44])]  # +0.05, +0.06, +0.04
+    rows += [row(4, 3, 0.9, 50)]  # a seed S = 0 has not run: not paired
+    by_s = {r["staleness"]: r for r in summary(rows)}
+    assert by_s[0]["acc_vs_sync"] is None
+    paired = by_s[4]["acc_vs_sync"]
+    assert paired["seeds"] == [0, 1, 2] and paired["mean"] == pytest.approx(0.05)
+    assert 0.04 - 1e-9 <= paired["low"] <= 0.05 <= paired["high"] <= 0.06 + 1e-9
+    assert by_s[4]["seeds_for_half_width_0.03"] == 2

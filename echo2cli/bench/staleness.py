@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from echo2cli.bench.paired import paired_difference, seeds_needed
 from echo2cli.config import BenchStalenessConfig
 from echo2cli.errors import ConfigError, Echo2Error
 from echo2cli.launch import flags, spawn, stop, wait_for_learner
@@ -226,17 +227,23 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per setting: mean and spread over seeds of final accuracy, and wall time against S = 0 of the same
-    correction (speed-up = S = 0's mean steady time / this setting's: both from the end of the first step,
-    which waits for the engines to start, to the end of the last)."""
+    """Per setting: mean and spread over seeds of final accuracy, its difference to S = 0 of the same correction
+    seed by seed (`paired.py`: the mean, a bootstrap 95 % interval, and the seeds a half-width of 0.03 would
+    take at the spread seen), and wall time against S = 0 of the same correction (speed-up = S = 0's mean
+    steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
+    the end of the last)."""
     keyed: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), []).append(r)
     base = {(k[1], k[3]): statistics.mean(r["steady_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
+    base_acc = {(k[1], k[3]): _by_seed(v) for k, v in keyed.items() if k[0] == 0 and not k[2]}
     out = []
     for (s, mode, adaptive, rank), runs in sorted(keyed.items()):
         acc = [r["eval_greedy_accuracy"] for r in runs]
         steady_s = statistics.mean(r["steady_s"] for r in runs)
+        paired = (
+            None if s == 0 or (mode, rank) not in base_acc else paired_difference(_by_seed(runs), base_acc[mode, rank])
+        )
         out.append(
             {
                 "staleness": s,
@@ -252,11 +259,17 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "train_s": statistics.mean(r["train_s"] for r in runs),
                 "steady_s": steady_s,
                 "speedup_vs_sync": base[mode, rank] / steady_s if (mode, rank) in base else None,
+                "acc_vs_sync": paired,  # held-out accuracy minus S = 0's, seed by seed, with its interval
+                "seeds_for_half_width_0.03": None if paired is None else seeds_needed(paired["diffs"], 0.03),
                 "flagged_runs": sum(bool(_flags(r)) for r in runs),
                 "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
             }
         )
     return out
+
+
+def _by_seed(runs: list[dict[str, Any]]) -> dict[int, float]:
+    return {r["seed"]: r["eval_greedy_accuracy"] for r in runs}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
