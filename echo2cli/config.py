@@ -121,11 +121,11 @@ class LearnerConfig(_Config):
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
     )
-    off_policy: Literal["token_tis", "seq_mask", "geo_mask", "decoupled"] = Field(
+    off_policy: Literal["token_tis", "seq_mask", "geo_mask", "decoupled", "none"] = Field(
         "token_tis",
         description="how stale tokens are corrected: token_tis (PPO + dual clip at C), seq_mask (TRL: sequence "
         "weight, dropped past C), geo_mask (SkyRL: drop sequences whose mean ratio leaves [geo_low, geo_high]), "
-        "decoupled (AReaL: proximal PPO, behaviour weight masked past C)",
+        "decoupled (AReaL: proximal PPO, behaviour weight masked past C), none (no correction: a control)",
     )
     geo_low: float = Field(0.99, gt=0.0, lt=1.0, description="geo_mask: lowest geometric-mean ratio kept")
     geo_high: float = Field(1.01, gt=1.0, description="geo_mask: highest geometric-mean ratio kept")
@@ -574,7 +574,7 @@ class BenchStalenessConfig(_Config):
         0.0, ge=0.0, description="learning rate of the LoRA runs", json_schema_extra={"shown_default": "10 x --lr"}
     )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
-    eval_limit: int = Field(200, ge=1, description="held-out problems in each run's final evaluation")
+    eval_limit: int = Field(500, ge=1, description="held-out problems in each run's final evaluation")
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")
     pin_learner: Literal["train", "process"] = Field(
         "train",

@@ -132,6 +132,15 @@ def test_decoupled_clips_around_the_proximal_policy_not_the_behaviour_one():
     assert grad_dec[0, 0] == pytest.approx(-2 / 4) and m_dec["train/clipfrac"] == 0.0
 
 
+def test_none_trains_stale_tokens_as_on_policy_ones_whatever_the_behaviour_policy():
+    # the same gradient, A / n_tokens per token, for any log w: far-off tokens are neither weighted nor dropped
+    for log_w in ([[0.0, 0.0], [0.0, 0.0]], [[math.log(4), -2.0], [3.0, math.log(0.1)]]):
+        loss, m, grad, _ = corrected(log_w, "none", is_cap=3.0)
+        assert loss == pytest.approx(0.0)  # (1 + 1 - 1 - 1) / 4 at r = 1
+        torch.testing.assert_close(grad, torch.tensor([[-0.25, -0.25], [0.25, 0.25]]))
+        assert m["train/masked_frac"] == 0.0 and m["train/is_truncated_frac"] == 0.0 and m["train/clipfrac"] == 0.0
+
+
 def test_token_tis_is_the_default_and_counts_dual_clip_truncation():
     # row 1 has A = -1 and w = e^2 = 7.39 > C = 3 on its first token: truncated to C * A (no gradient)
     loss, m, grad, _ = corrected([[0.0, 0.0], [2.0, 0.0]], "token_tis", is_cap=3.0)

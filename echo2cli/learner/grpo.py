@@ -23,6 +23,11 @@ gradient grad log pi_theta). `off_policy` picks how w corrects the objective, pe
   sg(pi_theta): the behaviour weight pi_prox / mu scales a PPO term clipped around pi_prox, and a token
   whose weight exceeds C is masked (AReaL's behav_imp_weight_cap):
       obj = sg(w) * min(r A, clip(r) A),  0 where sg(w) > C
+- none: no correction, the control of `echo2 bench staleness`: every token trained as if the policy being
+  trained had sampled it (the PPO term around pi_prox, with no behaviour weight and nothing dropped):
+      obj = min(r A, clip(r) A)        (its gradient: A grad log pi_theta, whatever mu was)
+  This is not AReaL's "naive PPO", which takes PPO's ratio against the behaviour policy: that is token_tis
+  without its dual clip.
 
     loss = -sum(obj * mask) / sum(mask)  (+ kl_coef * k3(pi_theta, pi_ref))
 Token-level averaging (DAPO, Yu et al. 2025) weighs long and short completions by their tokens; a dropped
@@ -36,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-OFF_POLICY_MODES = ("token_tis", "seq_mask", "geo_mask", "decoupled")
+OFF_POLICY_MODES = ("token_tis", "seq_mask", "geo_mask", "decoupled", "none")
 
 
 class Objective(NamedTuple):
@@ -103,11 +108,19 @@ def decoupled(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dic
     return Objective(torch.where(dropped, 0.0, w * obj), clipped, torch.zeros_like(clipped), dropped)
 
 
+def no_correction(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """Stale tokens trained as on-policy ones: the PPO term around pi_prox (ratio 1), no weight, none dropped."""
+    obj, clipped = _proximal(log_w, adv, p)
+    none = torch.zeros_like(clipped)
+    return Objective(obj, clipped, none, none)
+
+
 CORRECTIONS: dict[str, Callable[..., Objective]] = {
     "token_tis": token_tis,
     "seq_mask": seq_mask,
     "geo_mask": geo_mask,
     "decoupled": decoupled,
+    "none": no_correction,
 }
 
 
