@@ -467,13 +467,14 @@ def bench_staleness(
     rows = run_bench(cfg, on_row=progress, on_start=lambda line: console.print(line, soft_wrap=True, highlight=False))
     if plot is not None:
         plot_rows(rows, plot)
-    table_rows = summary(rows)
+    table_rows = summary(rows, cfg.target_version)
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows}))
         return
     table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
     columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "acc - S=0, paired [95% CI]"]
-    columns += ["pass@k", "steps 2..N s", "vs S=0", "guard flagged"]
+    columns += ["pass@k", "steps 2..N s", "vs S=0", f"time to S=0's acc at v{cfg.target_version} s (vs S=0)"]
+    columns.append("guard flagged")
     for col in columns:
         table.add_column(col, justify="right")
     for r in table_rows:
@@ -489,9 +490,23 @@ def bench_staleness(
             f"{r['pass_at_k']:.3f}",
             f"{r['steady_s']:.0f}",
             speed,
+            _time_to_target(r),
             f"{r['flagged_runs']}/{r['seeds']}",
         )
     Console().print(table)
+
+
+def _time_to_target(r: dict[str, Any]) -> str:
+    """The staleness table's time to accuracy, e.g. '130 (0.61x [0.55, 0.70]) 4/4': mean seconds over the seeds
+    that got there, the ratio to S = 0's own time paired by seed with its interval, how many seeds got there."""
+    if "target_reached" not in r:
+        return "-"
+    mean = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
+    vs, ratio = r["time_to_target_vs_sync"], ""
+    if vs is not None and vs["mean"] is not None:
+        interval = "" if vs["low"] is None else f" [{vs['low']:.2f}, {vs['high']:.2f}]"
+        ratio = f" ({vs['mean']:.2f}x{interval})"
+    return f"{mean}{ratio} {r['target_reached']}"
 
 
 def token_to_env(argv: list[str], env: MutableMapping[str, str]) -> list[str]:

@@ -68,7 +68,7 @@ class LearnerConfig(_Config):
     """`echo2 learner`."""
 
     HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
-        "Run": "model task out_dir steps seed checkpoint_every report_to torch_threads train_cpus",
+        "Run": "model task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
         "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
@@ -217,6 +217,12 @@ class LearnerConfig(_Config):
     )
     heartbeat_s: float = Field(2.0, gt=0.0, description="worker heartbeat period; 3 missed = inactive")
     checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0 = final only)")
+    keep_versions_every: int = Field(
+        0,
+        ge=0,
+        description="keep every N-th published version's file (RUN/versions/vN, bf16 weights only) once it is no "
+        "longer seeded, to evaluate later with `echo2 eval --run RUN --version N,...` (0 = only the newest S+1)",
+    )
     linger_s: float = Field(5.0, ge=0.0, description="keep serving after the last step so workers see 'finished'")
     report_to: str = Field(
         "jsonl",
@@ -431,8 +437,10 @@ class EvalConfig(_Config):
     run: Path | None = Field(
         None, description="a learner run directory: its newest checkpoint, task, task options and completion length"
     )
-    version: int | None = Field(
-        None, ge=0, description="with --run: a published version (RUN/versions/vN; the newest S+1 are kept)"
+    version: str | None = Field(
+        None,
+        description="with --run: a published version (RUN/versions/vN; the learner keeps the newest S+1, and every "
+        "N-th with --keep-versions-every N), or several, comma-separated, evaluated in one engine",
     )
     limit: int = Field(200, ge=1, description="held-out problems (the first N distinct ones of the eval split)")
     k: int = Field(4, ge=0, description="samples per problem at temperature 1 for pass@k (0 = greedy only)")
@@ -574,7 +582,19 @@ class BenchStalenessConfig(_Config):
         0.0, ge=0.0, description="learning rate of the LoRA runs", json_schema_extra={"shown_default": "10 x --lr"}
     )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
-    eval_limit: int = Field(500, ge=1, description="held-out problems in each run's final evaluation")
+    eval_limit: int = Field(500, ge=1, description="held-out problems in each run's evaluations")
+    eval_every: int = Field(
+        10,
+        ge=0,
+        description="also evaluate every N-th version after each run (greedy, one engine for all; the learner keeps "
+        "them with --keep-versions-every N): held-out accuracy against wall time, and the time to accuracy (0 = off)",
+    )
+    target_version: int = Field(
+        20,
+        ge=1,
+        description="time to accuracy: the wall time each run takes to reach what S = 0 (same seed and "
+        "correction) reached by this version",
+    )
     eval_k: int = Field(4, ge=0, description="samples per problem for pass@k in the final evaluation")
     pin_learner: Literal["train", "process"] = Field(
         "train",

@@ -25,7 +25,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,11 @@ EPISODE_CONTEXT = 4096  # a multi-turn task's engine context: the prompt and eve
 
 def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
     """`echo2 eval`: resolve the model, task, options and completion length (from `--run` where given), evaluate,
-    write the result where asked (with --run, by default `RUN/eval/TASK-step_N.json`). Returns it and its path."""
+    write the result where asked (with --run, by default `RUN/eval/TASK-step_N.json`, or `TASK-vN.json` for each
+    version). Returns it and its path."""
     task, model, max_new_tokens, options, checkpoint = cfg.task, cfg.model, cfg.max_new_tokens, {}, None
-    if cfg.version is not None and cfg.run is None:
+    versions = parse_versions(cfg.version)
+    if versions and cfg.run is None:
         raise ConfigError("--version needs --run: the run directory whose published version to evaluate")
     if cfg.run is not None:
         checkpoint = find_checkpoint(cfg.run)
@@ -60,9 +62,10 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
     options.update(parse_options(cfg.option))
     if max_new_tokens is None:
         max_new_tokens = int(getattr(load_task(task, options), "max_new_tokens", 16))
+    then = [version_weights(cfg.run, v).parent for v in versions[1:]] if cfg.run is not None else []
     with contextlib.ExitStack() as stack:
-        if cfg.version is not None and cfg.run is not None and checkpoint is not None:
-            model = str(stack.enter_context(published_version(cfg.run, cfg.version, checkpoint)))
+        if versions and cfg.run is not None and checkpoint is not None:
+            model = str(stack.enter_context(published_version(cfg.run, versions[0], checkpoint)))
         elif checkpoint is not None and model == str(checkpoint) and is_adapter(checkpoint):
             model = str(stack.enter_context(lora_checkpoint(checkpoint)))
         result = evaluate(
@@ -74,15 +77,49 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
             max_new_tokens=max_new_tokens,
             seed=cfg.seed,
             kv_cache_gib=cfg.kv_cache_gib,
+            then=then,
         )
-    out = cfg.out
-    if out is None and cfg.run is not None and checkpoint is not None:
-        name = VersionKey(cfg.version).dir_name if cfg.version is not None else checkpoint.name
-        out = cfg.run / "eval" / f"{task.replace(':', '.')}-{name}.json"
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
+    if versions:
+        result["version"] = versions[0]
+        for version, later in zip(versions[1:], result.get("then", []), strict=True):
+            later["version"] = version
+    return result, _write_result(cfg, task, checkpoint, versions, result)
+
+
+def _write_result(
+    cfg: EvalConfig, task: str, checkpoint: Path | None, versions: list[int], result: dict[str, Any]
+) -> Path | None:
+    """`--out`, else with --run `RUN/eval/TASK-<checkpoint>.json` or one `TASK-vN.json` per version (the path of
+    the first is returned)."""
+    if cfg.out is not None:
+        cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        cfg.out.write_text(json.dumps(result, indent=2))
+        return cfg.out
+    if cfg.run is None or checkpoint is None:
+        return None
+    (cfg.run / "eval").mkdir(parents=True, exist_ok=True)
+    prefix = task.replace(":", ".")
+    if not versions:
+        out = cfg.run / "eval" / f"{prefix}-{checkpoint.name}.json"
         out.write_text(json.dumps(result, indent=2))
-    return result, out
+        return out
+    each = [{k: v for k, v in result.items() if k != "then"}, *result.get("then", [])]
+    for version, one in zip(versions, each, strict=True):
+        (cfg.run / "eval" / f"{prefix}-{VersionKey(version).dir_name}.json").write_text(json.dumps(one, indent=2))
+    return cfg.run / "eval" / f"{prefix}-{VersionKey(versions[0]).dir_name}.json"
+
+
+def parse_versions(text: str | None) -> list[int]:
+    """`--version 10,20,30` -> [10, 20, 30]; a one-line error for anything but comma-separated versions >= 0."""
+    if text is None or not text.strip():
+        return []
+    try:
+        versions = [int(v) for v in text.split(",")]
+    except ValueError:
+        versions = [-1]
+    if any(v < 0 for v in versions):
+        raise ConfigError(f"--version takes comma-separated version numbers (>= 0), got {text!r}")
+    return versions
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -99,17 +136,23 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return options
 
 
-@contextlib.contextmanager
-def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Path]:
-    """A model directory for a run's published version: the checkpoint's config and tokenizer files and
-    the version's weights (hard-linked), removed afterwards."""
+def version_weights(run: Path, version: int) -> Path:
+    """The weights file of a run's published version; a one-line error where it is gone."""
     versions = run / VERSIONS_DIR
     weights = weights_path(versions, version)
     if not weights.is_file():
         raise ConfigError(
-            f"version {version} is not in {versions} (kept: {kept_versions(versions) or 'none'}; the "
-            f"learner keeps the newest S+1): evaluate a checkpoint with --run alone"
+            f"version {version} is not in {versions} (kept: {kept_versions(versions) or 'none'}; the learner keeps "
+            f"the newest S+1, and every N-th with --keep-versions-every N): evaluate a checkpoint with --run alone"
         )
+    return weights
+
+
+@contextlib.contextmanager
+def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Path]:
+    """A model directory for a run's published version: the checkpoint's config and tokenizer files and
+    the version's weights (hard-linked), removed afterwards."""
+    weights = version_weights(run, version)
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
         yield model_dir_with_weights(mdir, checkpoint, weights)
@@ -236,7 +279,11 @@ def evaluate(
     seed: int = 0,
     reward_timeout_s: float = 5.0,
     kv_cache_gib: float = 4.0,
+    then: Sequence[Path] = (),
 ) -> dict[str, Any]:
+    """`model` on the task's first `limit` held-out problems. `then`: more weights of the same model (directories
+    holding a model.safetensors: a run's versions) swapped into the same engine after it and evaluated on the same
+    problems, one engine start for all; their results are listed under "then"."""
     from transformers import AutoTokenizer
 
     from echo2cli.worker.engine import Engine
@@ -255,28 +302,33 @@ def evaluate(
     engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True, max_model_len=context)
     t_engine = time.perf_counter() - t0
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s, tokenizer_dir=str(model_dir))
+    results = []
     try:
-        t1 = time.perf_counter()
-        run = _play_and_score if episodic else _generate_and_score
-        texts, scores = run(engine, tok, scorer, task, problems, prompts, k, max_new_tokens)
-        t_generate = time.perf_counter() - t1
+        for weights in [None, *then]:
+            if weights is not None:
+                engine.reload(weights)
+            t1 = time.perf_counter()
+            run = _play_and_score if episodic else _generate_and_score
+            texts, scores = run(engine, tok, scorer, task, problems, prompts, k, max_new_tokens)
+            results.append(_result(problems, texts, scores, k, time.perf_counter() - t1))
     finally:
         scorer.close()
         engine.close()
+    head = {"model": str(model_dir), "task": task.name, "problems": len(problems), "k": k}
+    head |= {"max_new_tokens": max_new_tokens, "seed": seed}
+    tail = {"reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts, "t_engine_s": t_engine}
+    return {**head, **results[0], **tail, **({"then": results[1:]} if then else {})}
+
+
+def _result(
+    problems: list[Problem], texts: list[list[str]], scores: list[list[Score]], k: int, t_eval: float
+) -> dict[str, Any]:
+    """One evaluation's measures, its time and its first examples."""
     greedy, greedy_texts = scores[: len(problems)], texts[: len(problems)]
     sampled = scores[len(problems) :] if k > 0 else greedy
     return {
-        "model": str(model_dir),
-        "task": task.name,
-        "problems": len(problems),
-        "k": k,
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
         **summarize(greedy, sampled),
-        "reward_errors": scorer.errors,
-        "reward_timeouts": scorer.timeouts,
-        "t_engine_s": t_engine,
-        "t_eval_s": t_generate,
+        "t_eval_s": t_eval,
         "examples": [
             {"id": p.id, "prompt": p.prompt, "answer": p.answer, "greedy": t[0], "reward": g[0].reward}
             for p, t, g in itertools.islice(zip(problems, greedy_texts, greedy, strict=True), 5)

@@ -95,3 +95,48 @@ def test_the_summary_compares_each_setting_with_s0_seed_by_seed():
     assert paired["seeds"] == [0, 1, 2] and paired["mean"] == pytest.approx(0.05)
     assert 0.04 - 1e-9 <= paired["low"] <= 0.05 <= paired["high"] <= 0.06 + 1e-9
     assert by_s[4]["seeds_for_half_width_0.03"] == 2
+
+
+def curve(points):
+    """An accuracy curve: (version, seconds into the run, held-out greedy accuracy) per point."""
+    return [{"version": v, "time_s": t, "greedy_accuracy": a} for v, t, a in points]
+
+
+def test_time_to_accuracy_is_the_first_curve_point_at_s0s_accuracy_at_the_target_version_seed_by_seed():
+    from echo2cli.bench.staleness import time_to_accuracy
+
+    rows = [
+        row(0, 0, 0.5, 100) | {"eval_curve": curve([(10, 80, 0.40), (20, 160, 0.50), (30, 240, 0.55)])},
+        row(0, 1, 0.6, 100) | {"eval_curve": curve([(10, 80, 0.60), (20, 160, 0.55), (30, 240, 0.58)])},
+        row(2, 0, 0.6, 60) | {"eval_curve": curve([(10, 50, 0.45), (20, 100, 0.52), (30, 150, 0.6)])},
+        row(2, 1, 0.6, 60) | {"eval_curve": curve([(10, 50, 0.50), (20, 100, 0.54), (30, 150, 0.54)])},
+        row(4, 0, 0.3, 60) | {"eval_curve": curve([(10, 50, 0.2), (20, 100, 0.3)])},  # never gets there
+    ]
+    got = time_to_accuracy(rows, target_version=25)  # S = 0's point at or before 25: version 20's
+    s0, s2, s4 = (got[s, "token_tis", False, 0] for s in (0, 2, 4))
+    # S = 0 reaches its own v20 accuracy at v20 (seed 0, 160 s), or earlier (seed 1: 0.60 at v10 >= 0.55, 80 s)
+    assert s0["target_reached"] == "2/2" and s0["time_to_target_s"] == 120 and s0["time_to_target_vs_sync"] is None
+    # S = 2: seed 0 reaches 0.50 at v20 (100 s); seed 1 needs 0.55 and never gets it
+    assert s2["target_reached"] == "1/2" and s2["time_to_target_s"] == 100
+    assert s2["time_to_target_vs_sync"]["seeds"] == [0] and s2["time_to_target_vs_sync"]["mean"] == 100 / 160
+    assert s4["target_reached"] == "0/1" and s4["time_to_target_s"] is None
+    assert s4["time_to_target_vs_sync"]["mean"] is None
+    by_s = {r["staleness"]: r for r in summary(rows, target_version=25)}
+    assert by_s[2]["time_to_target_s"] == 100 and "target_reached" in by_s[4]
+    assert "target_reached" not in summary([row(1, 0, 0.5, 10)])[0]  # no curves: no time to accuracy
+
+
+def test_a_runs_curve_gets_each_versions_time_from_the_step_that_trained_it(tmp_path):
+    import json
+
+    from echo2cli.bench.staleness import row_of
+
+    steps = [{"step": t, "time_s": 10.0 * (t + 1), "rollout/reward_mean": 0.1, "rollout/staleness_mean": 0.0}
+             for t in range(4)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (tmp_path / "decisions.jsonl").write_text("")
+    setting = {"staleness": 1, "off_policy": "token_tis", "adaptive": False, "lora_rank": 0, "seed": 0}
+    evaluation = {"greedy_accuracy": 0.5, "curve": [{"version": 2, "greedy_accuracy": 0.4}]}
+    r = row_of(setting, tmp_path, 50.0, evaluation)
+    assert r["eval_curve"] == [{"version": 2, "greedy_accuracy": 0.4, "time_s": 20.0}]  # version 2: after step 1
+    assert r["eval_greedy_accuracy"] == 0.5 and "eval_curve" in r and "eval_curve" not in evaluation

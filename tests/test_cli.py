@@ -105,10 +105,16 @@ def test_eval_of_a_version_the_run_no_longer_keeps_is_one_line(tmp_path):
     proc = run_cli("eval", "--run", str(tmp_path), "--version", "1")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
-        f"echo2: error: version 1 is not in {tmp_path / 'versions'} (kept: [2]; the learner keeps the newest S+1): "
-        "evaluate a checkpoint with --run alone"
+        f"echo2: error: version 1 is not in {tmp_path / 'versions'} (kept: [2]; the learner keeps the newest S+1, "
+        "and every N-th with --keep-versions-every N): evaluate a checkpoint with --run alone"
     ]
     assert "needs --run" in run_cli("eval", "--version", "1").stderr
+    several = run_cli("eval", "--run", str(tmp_path), "--version", "2,1")  # each is checked before vLLM starts
+    assert several.returncode != 0 and "version 1 is not in" in several.stderr
+    bad = run_cli("eval", "--run", str(tmp_path), "--version", "2,x")
+    assert bad.stderr.strip().splitlines() == [
+        "echo2: error: --version takes comma-separated version numbers (>= 0), got '2,x'"
+    ]
 
 
 CONFIGS = [

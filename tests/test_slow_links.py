@@ -58,12 +58,14 @@ class FakeNode:
     def __init__(self) -> None:
         self.transfers: dict = {}
         self.removed: list = []
+        self.deleted: list = []  # the keys whose directory went with them
         self.fetched: list = []
         self.bytes = 0
 
     def remove(self, key, delete_dir=None) -> None:
         self.transfers.pop(key, None)
         self.removed.append(key.version)  # the version, full or delta
+        self.deleted.extend([key] if delete_dir is not None else [])
 
     def fetch(self, key, data, save_path, slot=None):
         self.fetched.append(key.version)
@@ -95,6 +97,19 @@ def test_versions_held_for_downloads_are_bounded(tmp_path):
     pub.sizes, pub.hashes = {v: 1 for v in range(20)}, {v: "x" for v in range(20)}
     pub._prune(19)
     assert len([v for v in pub.sizes if v < 17]) == MAX_HELD_FOR_DOWNLOADS
+
+
+def test_every_nth_full_version_stays_on_disk_when_it_is_no_longer_seeded(tmp_path):
+    """--keep-versions-every 3: versions 0, 3 and 6 are dropped from the swarm but their files stay (for `echo2
+    eval --run RUN --version 3,6`); their deltas, and the other versions, go."""
+    node = FakeNode()
+    pub = Publisher(FULL_WEIGHTS, node, SimpleNamespace(versions_in_download=set), tmp_path, "t", keep=2, keep_every=3)
+    pub.sizes, pub.hashes = {v: 1 for v in range(10)}, {v: "x" for v in range(10)}
+    pub._prune(9)
+    assert sorted(pub.sizes) == [7, 8, 9] and sorted(set(node.removed)) == list(range(7))
+    assert sorted((k.version, k.delta) for k in node.deleted) == [
+        (v, delta) for v in range(7) for delta in (False, True) if delta or v % 3
+    ]
 
 
 def real_policy(tmp_path, version: int) -> PolicyInfo:

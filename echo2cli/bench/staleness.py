@@ -105,6 +105,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         torch_threads=1,
         train_cpus="0" if CORES > 1 and cfg.pin_learner == "train" else None,
         checkpoint_every=0,
+        keep_versions_every=cfg.eval_every or None,
         quiet=True,
     )
     procs: list[subprocess.Popen] = []
@@ -126,19 +127,30 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
 
 
 def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
-    """`echo2 eval --run OUT --json` on the final checkpoint, in its own process (its own vLLM engine)."""
-    argv = ["eval", *flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k), "--json"]
-    proc = subprocess.run([sys.executable, "-m", "echo2cli", *argv], capture_output=True, text=True)
+    """`echo2 eval --run OUT --json` on the final checkpoint, in its own process (its own vLLM engine); with
+    --eval-every N, then every N-th version (greedy, one more engine for all of them) as `curve`."""
+    result = _eval(out, flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k))
+    measures = {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
+    versions = list(range(cfg.eval_every, cfg.steps + 1, cfg.eval_every)) if cfg.eval_every else []
+    if versions:
+        first = _eval(out, flags(run=out, version=",".join(map(str, versions)), limit=cfg.eval_limit, k=0))
+        measures["curve"] = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]}
+                             for r in [first, *first.get("then", [])]]  # fmt: skip
+    return measures
+
+
+def _eval(out: Path, args: list[str]) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "echo2cli", "eval", *args, "--json"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise Echo2Error(f"eval of {out} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def row_of(setting: dict[str, Any], out: Path, wall_s: float, evaluation: dict[str, Any]) -> dict[str, Any]:
     """One run's JSON row, from its metrics.jsonl and decisions.jsonl."""
     steps = read_metrics(out / "metrics.jsonl")
     decisions = [d for d in read_metrics(out / "decisions.jsonl") if d.get("kind") == "staleness"]
+    published = {s["step"] + 1: s["time_s"] for s in steps}  # version -> seconds into the run it was trained
     return {
         **setting,
         "name": run_name(setting),
@@ -153,7 +165,9 @@ def row_of(setting: dict[str, Any], out: Path, wall_s: float, evaluation: dict[s
         "health": {k: [s.get(k) for s in steps] for k in HEALTH},
         "health_by_staleness": bucket_means(steps),
         "guard": decisions,
-        **{f"eval_{k}": v for k, v in evaluation.items()},
+        **{f"eval_{k}": v for k, v in evaluation.items() if k != "curve"},
+        # held-out accuracy against wall time: version v is the weights trained by step v - 1 (steps count from 0)
+        "eval_curve": [{**c, "time_s": published[c["version"]]} for c in evaluation.get("curve", [])],
     }
 
 
@@ -226,12 +240,14 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
     return [i for i in range(row["steps"]) if guard.observe(i, {k: v[i] for k, v in health.items()})]
 
 
-def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary(rows: list[dict[str, Any]], target_version: int = 20) -> list[dict[str, Any]]:
     """Per setting: mean and spread over seeds of final accuracy, its difference to S = 0 of the same correction
     seed by seed (`paired.py`: the mean, a bootstrap 95 % interval, and the seeds a half-width of 0.03 would
     take at the spread seen), and wall time against S = 0 of the same correction (speed-up = S = 0's mean
     steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
-    the end of the last)."""
+    the end of the last); with accuracy curves (`--eval-every`), the time to S = 0's accuracy at
+    `target_version` (`time_to_accuracy`)."""
+    reach = time_to_accuracy(rows, target_version)
     keyed: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), []).append(r)
@@ -261,10 +277,47 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_vs_sync": base[mode, rank] / steady_s if (mode, rank) in base else None,
                 "acc_vs_sync": paired,  # held-out accuracy minus S = 0's, seed by seed, with its interval
                 "seeds_for_half_width_0.03": None if paired is None else seeds_needed(paired["diffs"], 0.03),
+                **reach.get((s, mode, adaptive, rank), {}),
                 "flagged_runs": sum(bool(_flags(r)) for r in runs),
                 "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
             }
         )
+    return out
+
+
+def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tuple, dict[str, Any]]:
+    """Per setting, from each run's accuracy curve: the wall seconds to first reach the held-out accuracy that
+    S = 0 of the same correction, LoRA rank and seed had at `target_version` (its curve point at or before it),
+    its mean over the seeds that reached it, and the ratio to S = 0's own time, seed by seed, with its interval."""
+
+    def twin(r: dict[str, Any]) -> tuple[str, int, int]:  # what S = 0's run of the same arm and seed shares
+        return r["off_policy"], r.get("lora_rank", 0), r["seed"]
+
+    def sync(r: dict[str, Any]) -> bool:
+        return r["staleness"] == 0 and not r["adaptive"]
+
+    targets = {}
+    for r in filter(sync, rows):
+        if points := [c for c in r.get("eval_curve") or [] if c["version"] <= target_version]:
+            targets[twin(r)] = max(points, key=lambda c: c["version"])["greedy_accuracy"]
+    times: dict[tuple[int, str, bool, int], dict[int, float | None]] = {}
+    own: dict[tuple[str, int, int], float | None] = {}  # S = 0's own time to its target
+    for r in rows:
+        if (target := targets.get(twin(r))) is None or not r.get("eval_curve"):
+            continue
+        hit = next((c["time_s"] for c in r["eval_curve"] if c["greedy_accuracy"] >= target), None)
+        times.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), {})[r["seed"]] = hit
+        if sync(r):
+            own[twin(r)] = hit
+    out: dict[tuple, dict[str, Any]] = {}
+    for key, by_seed in times.items():
+        reached = {seed: t for seed, t in by_seed.items() if t is not None}
+        ratios = {seed: t / base for seed, t in reached.items() if (base := own.get((key[1], key[3], seed)))}
+        out[key] = {
+            "target_reached": f"{len(reached)}/{len(by_seed)}",
+            "time_to_target_s": statistics.mean(reached.values()) if reached else None,
+            "time_to_target_vs_sync": paired_difference(ratios, dict.fromkeys(ratios, 0.0)) if key[0] else None,
+        }
     return out
 
 

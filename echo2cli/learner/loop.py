@@ -224,13 +224,8 @@ class Learner:
             trust_for_torrents(cfg.tls_cert, self.out)  # our own node announces to our https tracker
         host, port = self.sock.getsockname()[:2]
         self.url = cfg.public_url or f"{'https' if self.tls else 'http'}://{host}:{port}"
-        self.node = self._close_later(
-            TorrentNode(
-                cfg.bt_listen,
-                upload_limit_bytes_s=mbps_to_bytes_per_s(cfg.uplink_mbps),
-                tracker_key=self.coord.credentials.learner_tracker_key,
-            )
-        )
+        uplink, tracker_key = mbps_to_bytes_per_s(cfg.uplink_mbps), self.coord.credentials.learner_tracker_key
+        self.node = self._close_later(TorrentNode(cfg.bt_listen, upload_limit_bytes_s=uplink, tracker_key=tracker_key))
         self.publisher = self._close_later(
             Publisher(
                 self.trainer,
@@ -239,7 +234,8 @@ class Learner:
                 self.out / VERSIONS_DIR,
                 f"{self.url}/announce",
                 keep=cfg.staleness + 1,
-                web_seed_rate=mbps_to_bytes_per_s(cfg.uplink_mbps),
+                web_seed_rate=uplink,
+                keep_every=cfg.keep_versions_every,
             )
         )
         reporters = Reporters(parse_report_to(cfg.report_to), self.out, cfg.model_dump(mode="json"))

@@ -59,12 +59,13 @@ class Publisher:
         keep: int,
         background: bool = True,
         web_seed_rate: float = 0,
+        keep_every: int = 0,
     ) -> None:
         """`background=False`: `publish` does all the work before it returns. `web_seed_rate`: bytes/s the web
-        seed may send (0 = no cap)."""
+        seed may send (0 = no cap). `keep_every`: every N-th version's file stays on disk when it is pruned."""
         self.trainer, self.node, self.coord = trainer, node, coord
         self.web_seed = WebSeed(self._served, web_seed_rate)
-        self.root, self.tracker_url, self.keep = root, tracker_url, keep
+        self.root, self.tracker_url, self.keep, self.keep_every = root, tracker_url, keep, keep_every
         self.sizes: dict[int, int] = {}
         self.hashes: dict[int, str] = {}
         self.delta_stats: dict[int, dict] = {}  # version -> delta_bytes, full_bytes, encode_s
@@ -201,5 +202,6 @@ class Publisher:
         held = [v for v in old if v in wanted][-MAX_HELD_FOR_DOWNLOADS:]
         for version in [v for v in old if v not in held]:
             for key in (VersionKey(version), VersionKey(version, delta=True)):
-                self.node.remove(key, delete_dir=key.dir(self.root))
+                kept = not key.delta and self.keep_every and version % self.keep_every == 0
+                self.node.remove(key, delete_dir=None if kept else key.dir(self.root))
             del self.sizes[version], self.hashes[version]

@@ -64,6 +64,22 @@ def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(tmp_path):
     assert (tmp_path / "run" / "eval" / "arithmetic-v000004.json").exists()
     assert not list((tmp_path / "run").glob("eval-v4-*"))  # the model directory is removed afterwards
 
+    # several versions in one engine: version 5's final norm is zeroed, so every logit is 0 and greedy decoding
+    # repeats token 0; its answers differ from version 4's only if the engine really swapped the weights
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(vdir / "model.safetensors"))
+    weights["model.norm.weight"].zero_()
+    (tmp_path / "run" / "versions" / "v000005").mkdir()
+    save_file(weights, str(tmp_path / "run" / "versions" / "v000005" / "model.safetensors"), metadata={"format": "pt"})
+    both = run_eval("--run", str(tmp_path / "run"), "--version", "4,5", "--limit", "12", "--k", "0")
+    (later,) = both["then"]
+    assert both["version"] == 4 and later["version"] == 5
+    assert [e["greedy"] for e in both["examples"]] == [e["greedy"] for e in by_version["examples"]]
+    assert [e["greedy"] for e in later["examples"]] != [e["greedy"] for e in both["examples"]]
+    assert later["greedy_accuracy"] == 0.0
+    assert json.loads((tmp_path / "run" / "eval" / "arithmetic-v000005.json").read_text())["version"] == 5
+
 
 @pytest.mark.parametrize("task", ["math", "poker"])
 def test_eval_of_each_builtin_task_on_the_default_model(task):
