@@ -140,3 +140,19 @@ def test_a_runs_curve_gets_each_versions_time_from_the_step_that_trained_it(tmp_
     r = row_of(setting, tmp_path, 50.0, evaluation)
     assert r["eval_curve"] == [{"version": 2, "greedy_accuracy": 0.4, "time_s": 20.0}]  # version 2: after step 1
     assert r["eval_greedy_accuracy"] == 0.5 and "eval_curve" in r and "eval_curve" not in evaluation
+
+
+def test_the_plot_adds_the_accuracy_panel_only_where_runs_have_curves(tmp_path):
+    from echo2cli.bench.staleness import plot
+
+    rows = [
+        row(s, seed, 0.5, 100)
+        | {"name": f"S{s}-token_tis-seed{seed}", "time_s": [10, 20, 30, 40], "staleness_mean": [0, 0, 1, 1]}
+        | {"eval_curve": curve([(2, 20 + seed, 0.4), (4, 40 + seed, 0.5)])}
+        for s in (0, 2)
+        for seed in (0, 1)
+    ]
+    plot(rows, tmp_path / "with.png")
+    plot([r | {"eval_curve": []} for r in rows], tmp_path / "without.png")
+    widths = [int.from_bytes((tmp_path / f).read_bytes()[16:20], "big") for f in ("with.png", "without.png")]
+    assert widths[0] > widths[1]  # four panels, then three (the PNG header's width)

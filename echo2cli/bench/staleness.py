@@ -327,37 +327,67 @@ def _by_seed(runs: list[dict[str, Any]]) -> dict[int, float]:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Reward against step, against the version that generated the batch (step - mean staleness: a batch
-    trained at step t shows the policy of t - lag) and against wall time; one line per setting (mean of
-    seeds), seeds as a band."""
+    trained at step t shows the policy of t - lag) and against wall time, and (with curves, `--eval-every`)
+    held-out greedy accuracy against wall time; one line per setting (mean of seeds), seeds as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    curves = any(r.get("eval_curve") for r in rows)
+    fig, axes = plt.subplots(1, 4 if curves else 3, figsize=(22 if curves else 17, 4.5))
     keyed: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(r)
     for label, runs in sorted(keyed.items()):
-        n = min(len(r["reward"]) for r in runs)
-        reward = np.array([r["reward"][:n] for r in runs])
-        time_s = np.array([r["time_s"][:n] for r in runs]).mean(axis=0)
-        steps = np.arange(n)
-        generated = steps - np.array([r["staleness_mean"][:n] for r in runs]).mean(axis=0)
-        for ax, x in ((axes[0], steps + 1), (axes[1], generated), (axes[2], time_s)):
-            (line,) = ax.plot(x, reward.mean(axis=0), label=label)
-            if len(runs) > 1:
-                ax.fill_between(x, reward.min(axis=0), reward.max(axis=0), color=line.get_color(), alpha=0.2)
+        color = _reward_panels(axes[:3], runs, label)
+        if curves:
+            _accuracy_panel(axes[3], runs, color)
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("version that generated the batch")
-    axes[2].set_xlabel("wall time, s")
-    for ax in axes:
+    for ax in axes[:3]:
         ax.set_ylabel("sampled reward (batch mean)")
+    for ax in axes[2:]:
+        ax.set_xlabel("wall time, s")
+    if curves:
+        axes[3].set_ylabel("held-out greedy accuracy")
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _reward_panels(axes: Any, runs: list[dict[str, Any]], label: str) -> Any:
+    """One setting's reward lines (mean of seeds, their range as a band) on the first three panels; its colour."""
+    import numpy as np
+
+    n = min(len(r["reward"]) for r in runs)
+    reward = np.array([r["reward"][:n] for r in runs])
+    time_s = np.array([r["time_s"][:n] for r in runs]).mean(axis=0)
+    steps = np.arange(n)
+    generated = steps - np.array([r["staleness_mean"][:n] for r in runs]).mean(axis=0)
+    color = None
+    for ax, x in ((axes[0], steps + 1), (axes[1], generated), (axes[2], time_s)):
+        (line,) = ax.plot(x, reward.mean(axis=0), label=label, color=color)
+        color = line.get_color()
+        if len(runs) > 1:
+            ax.fill_between(x, reward.min(axis=0), reward.max(axis=0), color=color, alpha=0.2)
+    return color
+
+
+def _accuracy_panel(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
+    """One setting's held-out accuracy at each evaluated version against the mean wall time it was trained at."""
+    import numpy as np
+
+    n = min(len(r.get("eval_curve") or []) for r in runs)
+    if n == 0:
+        return
+    acc = np.array([[c["greedy_accuracy"] for c in r["eval_curve"][:n]] for r in runs])
+    time_s = np.array([[c["time_s"] for c in r["eval_curve"][:n]] for r in runs]).mean(axis=0)
+    ax.plot(time_s, acc.mean(axis=0), marker="o", color=color)
+    if len(runs) > 1:
+        ax.fill_between(time_s, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
 
 
 def _flags(row: dict[str, Any]) -> list[int]:
