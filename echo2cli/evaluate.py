@@ -302,13 +302,12 @@ def evaluate(
     engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True, max_model_len=context)
     t_engine = time.perf_counter() - t0
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s, tokenizer_dir=str(model_dir))
-    results = []
+    results, run = [], _play_and_score if episodic else _generate_and_score
     try:
         for weights in [None, *then]:
             if weights is not None:
                 engine.reload(weights)
             t1 = time.perf_counter()
-            run = _play_and_score if episodic else _generate_and_score
             texts, scores = run(engine, tok, scorer, task, problems, prompts, k, max_new_tokens)
             results.append(_result(problems, texts, scores, k, time.perf_counter() - t1))
     finally:

@@ -192,7 +192,7 @@ def report(rows_path: Path) -> None:
 def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
     """echo2 against TRL at each learning rate, seed by seed (echo2cli/bench/paired.py): the difference in
     held-out accuracy and the ratio of wall times, each with a bootstrap 95 % interval over the shared seeds."""
-    from echo2cli.bench.paired import describe, paired_difference
+    from echo2cli.bench.paired import describe, paired_difference, seed_mean
 
     echo2 = next((runs for (side, _), runs in keyed.items() if side == "echo2"), [])
     if not echo2:
@@ -206,10 +206,7 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
             {r["seed"]: r["greedy_accuracy"] for r in echo2}, {r["seed"]: r["greedy_accuracy"] for r in runs}
         )
         trl_wall = {r["seed"]: r["wall_s"] for r in runs}
-        ratio = paired_difference(
-            {r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall},
-            {s: 0.0 for s in trl_wall},
-        )
+        ratio = seed_mean({r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall})
         print(f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} |")
 
 

@@ -57,6 +57,12 @@ def paired_difference(
     }
 
 
+def seed_mean(values: Mapping[int, float], level: float = LEVEL) -> dict[str, Any]:
+    """The mean over seeds of one per-seed measure (seed -> value, e.g. a ratio of two settings' times) with its
+    bootstrap interval, in `paired_difference`'s form."""
+    return paired_difference(values, dict.fromkeys(values, 0.0), level)
+
+
 def seeds_needed(diffs: Sequence[float], half_width: float, level: float = LEVEL) -> int | None:
     """Pairs an interval of `half_width` needs at the spread of `diffs` (normal approximation: z * sd / sqrt(n));
     None with fewer than 2 differences to measure a spread from."""

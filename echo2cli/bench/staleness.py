@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from echo2cli.bench.paired import paired_difference, seeds_needed
+from echo2cli.bench.paired import paired_difference, seed_mean, seeds_needed
 from echo2cli.config import BenchStalenessConfig
 from echo2cli.errors import ConfigError, Echo2Error
 from echo2cli.launch import flags, spawn, stop, wait_for_learner
@@ -316,7 +316,7 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
         out[key] = {
             "target_reached": f"{len(reached)}/{len(by_seed)}",
             "time_to_target_s": statistics.mean(reached.values()) if reached else None,
-            "time_to_target_vs_sync": paired_difference(ratios, dict.fromkeys(ratios, 0.0)) if key[0] else None,
+            "time_to_target_vs_sync": seed_mean(ratios) if key[0] else None,
         }
     return out
 
