@@ -121,11 +121,12 @@ class LearnerConfig(_Config):
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
     )
-    off_policy: Literal["token_tis", "seq_mask", "geo_mask", "decoupled", "none"] = Field(
+    off_policy: Literal["token_tis", "seq_mask", "geo_mask", "decoupled", "none", "ppo"] = Field(
         "token_tis",
         description="how stale tokens are corrected: token_tis (PPO + dual clip at C), seq_mask (TRL: sequence "
         "weight, dropped past C), geo_mask (SkyRL: drop sequences whose mean ratio leaves [geo_low, geo_high]), "
-        "decoupled (AReaL: proximal PPO, behaviour weight masked past C), none (no correction: a control)",
+        "decoupled (AReaL: proximal PPO, behaviour weight masked past C), controls none (no correction) "
+        "and ppo (naive PPO: no dual clip)",
     )
     geo_low: float = Field(0.99, gt=0.0, lt=1.0, description="geo_mask: lowest geometric-mean ratio kept")
     geo_high: float = Field(1.01, gt=1.0, description="geo_mask: highest geometric-mean ratio kept")

@@ -32,7 +32,7 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     [
         ({"staleness": "0,two"}, "comma-separated integers"),
         ({"staleness": "0,-1"}, ">= 0"),
-        ({"off_policy": "token_tis,ppo"}, "unknown --off-policy 'ppo'"),
+        ({"off_policy": "token_tis,vtrace"}, "unknown --off-policy 'vtrace'"),
         ({"lora_rank": "16,x"}, "comma-separated integers"),
         ({"lora_rank": "1024"}, "0 \\(the full model\\) to 512"),
     ],

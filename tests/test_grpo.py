@@ -141,6 +141,20 @@ def test_none_trains_stale_tokens_as_on_policy_ones_whatever_the_behaviour_polic
         assert m["train/masked_frac"] == 0.0 and m["train/is_truncated_frac"] == 0.0 and m["train/clipfrac"] == 0.0
 
 
+def test_ppo_is_token_tis_without_the_dual_clip():
+    # the same row 1 as below (A = -1, w = e^2 > C): token_tis truncates it to C * A, naive PPO keeps w * A and
+    # its gradient, w / n_tokens
+    loss, m, grad, _ = corrected([[0.0, 0.0], [2.0, 0.0]], "ppo", is_cap=3.0)
+    assert loss == pytest.approx(-(1 + 1 - math.exp(2) - 1) / 4)
+    assert grad[1, 0] == pytest.approx(math.exp(2) / 4) and grad[1, 1] == pytest.approx(0.25)
+    assert m["train/is_truncated_frac"] == 0.0 and m["train/masked_frac"] == 0.0
+
+
+def test_ppo_keeps_a_far_off_token_finite():
+    _, _, grad, _ = corrected([[0.0, 0.0], [200.0, 0.0]], "ppo")
+    assert torch.isfinite(grad).all() and grad[1, 0] == pytest.approx(math.exp(20) / 4, rel=1e-4)
+
+
 def test_token_tis_is_the_default_and_counts_dual_clip_truncation():
     # row 1 has A = -1 and w = e^2 = 7.39 > C = 3 on its first token: truncated to C * A (no gradient)
     loss, m, grad, _ = corrected([[0.0, 0.0], [2.0, 0.0]], "token_tis", is_cap=3.0)

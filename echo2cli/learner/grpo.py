@@ -26,8 +26,10 @@ gradient grad log pi_theta). `off_policy` picks how w corrects the objective, pe
 - none: no correction, the control of `echo2 bench staleness`: every token trained as if the policy being
   trained had sampled it (the PPO term around pi_prox, with no behaviour weight and nothing dropped):
       obj = min(r A, clip(r) A)        (its gradient: A grad log pi_theta, whatever mu was)
-  This is not AReaL's "naive PPO", which takes PPO's ratio against the behaviour policy: that is token_tis
-  without its dual clip.
+- ppo: AReaL's "naive PPO", the other control: PPO's ratio taken against the behaviour policy, token_tis
+  without its dual clip, so a token that became much more likely since it was sampled weighs a negative
+  advantage by all of w (w is capped at e^20 only to keep the step finite):
+      obj = min(w A, clip(w, 1-eps, 1+eps) A)
 
     loss = -sum(obj * mask) / sum(mask)  (+ kl_coef * k3(pi_theta, pi_ref))
 Token-level averaging (DAPO, Yu et al. 2025) weighs long and short completions by their tokens; a dropped
@@ -41,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-OFF_POLICY_MODES = ("token_tis", "seq_mask", "geo_mask", "decoupled", "none")
+OFF_POLICY_MODES = ("token_tis", "seq_mask", "geo_mask", "decoupled", "none", "ppo")
 
 
 class Objective(NamedTuple):
@@ -115,12 +117,21 @@ def no_correction(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p:
     return Objective(obj, clipped, none, none)
 
 
+def naive_ppo(log_w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p: dict[str, float]) -> Objective:
+    """AReaL's naive PPO: the PPO clip on w = pi_theta / mu and nothing else (no dual clip, nothing dropped)."""
+    capped = torch.exp(log_w.detach().clamp(max=20.0))  # value capped, gradient kept: w grad log pi_theta
+    obj, clipped = _ppo(capped * torch.exp(log_w - log_w.detach()), adv, p["clip_eps"])
+    none = torch.zeros_like(clipped)
+    return Objective(obj, clipped, none, none)
+
+
 CORRECTIONS: dict[str, Callable[..., Objective]] = {
     "token_tis": token_tis,
     "seq_mask": seq_mask,
     "geo_mask": geo_mask,
     "decoupled": decoupled,
     "none": no_correction,
+    "ppo": naive_ppo,
 }
 
 
