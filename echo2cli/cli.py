@@ -452,8 +452,8 @@ def bench_staleness(
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
     from echo2cli.bench.paired import describe
+    from echo2cli.bench.staleness import base_accuracy, run_bench, summary
     from echo2cli.bench.staleness import plot as plot_rows
-    from echo2cli.bench.staleness import run_bench, summary
 
     def progress(r: dict[str, Any]) -> None:
         console.print(
@@ -467,13 +467,16 @@ def bench_staleness(
     rows = run_bench(cfg, on_row=progress, on_start=lambda line: console.print(line, soft_wrap=True, highlight=False))
     if plot is not None:
         plot_rows(rows, plot)
-    table_rows = summary(rows, cfg.target_version)
+    base = base_accuracy(cfg)
+    table_rows = summary(rows, cfg.target_version, base)
     if as_json:
-        print(json.dumps({"settings": table_rows, "runs": rows}))
+        print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
-    table = Table(title=f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), rows in {cfg.out_dir}")
+    title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}, rows in {cfg.out_dir}"
+    table = Table(title=title)
     columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "acc - S=0 [95% CI]"]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
+    columns += ["below base (flagged >= 2 ahead)"]
     for col in columns:
         table.add_column(col, justify="right")
     for r in table_rows:
@@ -491,6 +494,7 @@ def bench_staleness(
             speed,
             _time_to_target(r),
             f"{r['flagged_runs']}/{r['seeds']}",
+            f"{r['below_base_runs']}/{r['seeds']} ({r['flagged_2_ahead']})",
         )
     Console().print(table)
 

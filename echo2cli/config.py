@@ -565,7 +565,7 @@ class BenchStalenessConfig(_Config):
     """`echo2 bench staleness`."""
 
     staleness: str = Field("0,1,2,4,8", description="staleness bounds S to run, comma-separated (0 = synchronous)")
-    seeds: int = Field(2, ge=1, le=16, description="runs per setting, seeds 0..N-1")
+    seeds: int = Field(2, ge=1, le=100, description="runs per setting, seeds 0..N-1")
     steps: int = Field(20, ge=1, description="optimizer steps per run")
     workers: int = Field(1, ge=1, le=16, description="local workers per run")
     off_policy: str = Field(

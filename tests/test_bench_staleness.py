@@ -156,3 +156,34 @@ def test_the_plot_adds_the_accuracy_panel_only_where_runs_have_curves(tmp_path):
     plot([r | {"eval_curve": []} for r in rows], tmp_path / "without.png")
     widths = [int.from_bytes((tmp_path / f).read_bytes()[16:20], "big") for f in ("with.png", "without.png")]
     assert widths[0] > widths[1]  # four panels, then three (the PNG header's width)
+
+
+def test_collapse_finds_the_first_version_below_base_and_the_guards_lead_on_it():
+    from echo2cli.bench.staleness import collapse
+
+    flagged = {"train/is_ess": [0.95, 0.3, 0.3, 0.3], "train/kl_behaviour": [0.01] * 4, "train/clipfrac": [0.05] * 4}
+    # replayed, the guard's first verdict (on steps 0-2) flags at step 2, as version 3 is trained
+    falls = row(16, 0, 0.1, 50) | {"steps": 8, "health": {k: v * 2 for k, v in flagged.items()}}
+    every2 = falls | {"eval_curve": curve([(2, 20, 0.5), (4, 40, 0.45), (6, 60, 0.2), (8, 80, 0.1)])}
+    # below 0.3 first at v6; the fall can have come as early as v5 (v4 was above): a lead of 5 - 3 = 2 versions
+    assert collapse(every2, base=0.3) == {"below_base_version": 6, "first_flag_step": 2, "flag_lead_versions": 2}
+    every1 = falls | {"eval_curve": curve([(v, 10 * v, 0.5 if v < 4 else 0.1) for v in range(1, 9)])}
+    assert collapse(every1, base=0.3)["flag_lead_versions"] == 1  # below at v4, one version after the flag
+    # no curve: only the final version is known, and the fall can have come at any version
+    assert collapse(falls, base=0.3) == {"below_base_version": 8, "first_flag_step": 2, "flag_lead_versions": -2}
+    healthy = row(2, 0, 0.6, 50) | {"eval_curve": curve([(2, 20, 0.5), (4, 40, 0.55)])}
+    assert collapse(healthy, base=0.3) == {
+        "below_base_version": None,
+        "first_flag_step": None,
+        "flag_lead_versions": None,
+    }
+    unflagged = row(2, 0, 0.1, 50)
+    assert collapse(unflagged, base=0.3) == {
+        "below_base_version": 4,
+        "first_flag_step": None,
+        "flag_lead_versions": None,
+    }
+    (s16,) = summary([every2, every1 | {"seed": 1}, healthy | {"staleness": 16, "seed": 2}], base_model_acc=0.3)
+    assert s16["below_base_runs"] == 2 and s16["below_base_versions"] == [6, 4] and s16["flag_leads"] == [2, 1]
+    assert s16["flagged_2_ahead"] == 1
+    assert "below_base_runs" not in summary([healthy])[0]  # no base measured: no collapse columns

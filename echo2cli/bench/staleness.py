@@ -139,6 +139,16 @@ def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
     return measures
 
 
+def base_accuracy(cfg: BenchStalenessConfig) -> float:
+    """The initial model's held-out greedy accuracy on the sweep's problems and completion length: what a run
+    has collapsed below. Measured once per OUT (OUT/base.json)."""
+    path = cfg.out_dir / "base.json"
+    if not path.is_file():
+        result = _eval(cfg.out_dir, flags(limit=cfg.eval_limit, k=0, max_new_tokens=cfg.max_new_tokens))
+        path.write_text(json.dumps(result))
+    return float(json.loads(path.read_text())["greedy_accuracy"])
+
+
 def _eval(out: Path, args: list[str]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "echo2cli", "eval", *args, "--json"], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -197,6 +207,7 @@ def run_bench(
     `on_start(line)` says which run starts, `on_row(row)` what one gave."""
     prepare_default_model()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    base_accuracy(cfg)
     done = {r["name"]: r for r in read_metrics(cfg.out_dir / "rows.jsonl")}
     rows = []
     todo = settings(cfg)
@@ -240,13 +251,35 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
     return [i for i in range(row["steps"]) if guard.observe(i, {k: v[i] for k, v in health.items()})]
 
 
-def summary(rows: list[dict[str, Any]], target_version: int = 20) -> list[dict[str, Any]]:
+def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
+    """When a run's held-out greedy accuracy first fell below the base model's (`below_base_version`: the first
+    evaluated version under it, the final one if only that is), and the guard's lead on it: versions from the
+    guard's first flag to the earliest the fall can have happened (the version after the last one evaluated
+    above base; exact with --eval-every 1). The verdict on step f comes as version f + 1 is trained, so a flag
+    at step f leads a fall at version v by v - (f + 1). None where the run never fell below, or never flagged."""
+    curve = [(c["version"], c["greedy_accuracy"]) for c in row.get("eval_curve") or []]
+    if not curve or curve[-1][0] < row["steps"]:
+        curve.append((row["steps"], row["eval_greedy_accuracy"]))
+    fall = next((i for i, (_, acc) in enumerate(curve) if acc < base), None)
+    flags = _flags(row)
+    earliest = None if fall is None else (curve[fall - 1][0] + 1 if fall else 1)
+    return {
+        "below_base_version": None if fall is None else curve[fall][0],
+        "first_flag_step": flags[0] if flags else None,
+        "flag_lead_versions": None if earliest is None or not flags else earliest - (flags[0] + 1),
+    }
+
+
+def summary(
+    rows: list[dict[str, Any]], target_version: int = 20, base_model_acc: float | None = None
+) -> list[dict[str, Any]]:
     """Per setting: mean and spread over seeds of final accuracy, its difference to S = 0 of the same correction
     seed by seed (`paired.py`: the mean, a bootstrap 95 % interval, and the seeds a half-width of 0.03 would
     take at the spread seen), and wall time against S = 0 of the same correction (speed-up = S = 0's mean
     steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
     the end of the last); with accuracy curves (`--eval-every`), the time to S = 0's accuracy at
-    `target_version` (`time_to_accuracy`)."""
+    `target_version` (`time_to_accuracy`); with the base model's accuracy, how many runs fell below it and how
+    many of those the guard flagged at least 2 versions ahead (`collapse`)."""
     reach = time_to_accuracy(rows, target_version)
     keyed: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
@@ -280,9 +313,21 @@ def summary(rows: list[dict[str, Any]], target_version: int = 20) -> list[dict[s
                 **reach.get((s, mode, adaptive, rank), {}),
                 "flagged_runs": sum(bool(_flags(r)) for r in runs),
                 "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
+                **({} if base_model_acc is None else _collapses(runs, base_model_acc)),
             }
         )
     return out
+
+
+def _collapses(runs: list[dict[str, Any]], base: float) -> dict[str, Any]:
+    falls = [c for r in runs if (c := collapse(r, base))["below_base_version"] is not None]
+    leads = [c["flag_lead_versions"] for c in falls]
+    return {
+        "below_base_runs": len(falls),
+        "below_base_versions": [c["below_base_version"] for c in falls],
+        "flag_leads": leads,
+        "flagged_2_ahead": sum(lead is not None and lead >= 2 for lead in leads),
+    }
 
 
 def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tuple, dict[str, Any]]:
