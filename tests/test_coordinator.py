@@ -328,3 +328,17 @@ def test_leases_name_the_newest_announced_version_not_the_one_still_being_writte
     assert resp.status == "ok" and resp.latest_version == 0  # lag 1 <= S: it may go on with version 0
     coord.advance(2)
     assert coord.lease(wid, 0, 2).status == "update" and coord.lease(wid, 0, 2).latest_version == 0
+
+
+def test_a_lowered_effective_staleness_drops_admitted_groups_staler_than_it(clock):
+    coord = make_coord(clock, G=2, S=2, B=1)
+    for name in ("a", "b"):  # two groups of version 0
+        wid = coord.join(name, 0.0)
+        coord.submit(batch_for(coord, wid, coord.lease(wid, 0, 1).lease))
+    assert coord.take_batch() is not None
+    coord.advance(1)
+    coord.set_effective_staleness(0)  # the guard: lag 1 is too stale now
+    assert coord.take_batch() is None  # the version-0 group waiting is dropped, not trained at lag 1
+    a = coord.accounting()
+    assert a["dropped_stale"] == 1 and a["waiting"] == 0
+    assert coord.audit()["lost"] == []  # its prompt is queued again

@@ -84,3 +84,12 @@ def test_health_by_staleness_from_the_summed_rows():
     assert fresh["is_ess"] == pytest.approx(1.0) and fresh["kl_behaviour"] == 0.0
     assert stale["is_ess"] == pytest.approx(16 / (2 * 10)) and stale["kl_behaviour"] == pytest.approx(0.4)
     assert stale["clipfrac"] == 0.5 and stale["truncated_frac"] == 0.5 and stale["masked_frac"] == 0.0
+
+
+def test_adaptive_staleness_halves_the_lag_reached_where_it_is_below_s():
+    # S = 16, but the batches only reached lag 3: the flag sets S = 1 at once, not 8
+    guard = DivergenceGuard(16, LIMITS, adaptive=True)
+    decisions = run(guard, [{**COLLAPSED, "rollout/staleness_max": 3}] * 3)
+    assert (decisions[2]["effective_from"], decisions[2]["effective_to"]) == (16, 1)
+    guard = DivergenceGuard(4, LIMITS, adaptive=True)  # a lag above the effective S halves the effective S
+    assert run(guard, [{**COLLAPSED, "rollout/staleness_max": 9}] * 3)[2]["effective_to"] == 2

@@ -23,6 +23,7 @@ OPS = st.lists(
                 "leave",
                 "join",
                 "train",
+                "guard",
             ]
         ),
         st.integers(0, 3),
@@ -101,6 +102,8 @@ def test_ledger_balances_and_no_prompt_is_trained_twice(ops):
             if groups is not None:
                 trained += [g.prompt_id for g in groups]
                 coord.advance(coord.version + 1)
+        elif op == "guard":  # the divergence guard lowers S to 0 or raises it back to 1
+            coord.set_effective_staleness(k % 2)
         check(coord, trained)
 
 

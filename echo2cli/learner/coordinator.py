@@ -178,10 +178,12 @@ class Coordinator:
         with self.lock:
             self.dispatcher.expire()
 
-    def set_lease_staleness(self, staleness: int) -> None:
-        """The S new leases are sized with (the divergence guard lowers it); admission keeps the configured S."""
+    def set_effective_staleness(self, staleness: int) -> None:
+        """The S the divergence guard lowered or raised: new leases are sized with it, and groups staler than it
+        are no longer trained (those already admitted are dropped at the next batch, their prompts queued again:
+        the guard judged training at their lag unhealthy)."""
         with self.lock:
-            self.leases.S = staleness
+            self.leases.S = self.admission.S = staleness
 
     def set_step_time(self, seconds: float) -> None:
         """The learner's wall seconds per step (waiting included): how long a group stays admissible."""

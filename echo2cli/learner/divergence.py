@@ -15,11 +15,12 @@ A median of 3 ignores a one-step spike, which every staleness shows now and then
 S = 8 runs did, from the step their staleness reached 6.
 
 Each flagged step is a warning with its reasons. When adaptive, a flag also halves the effective S (the
-bound the lease book sizes new leases with; groups already leased stay admissible under the configured S)
-and starts the window afresh: rollouts already in flight are as stale as before, so the next verdict waits
-for `window` new steps. After `patience` healthy verdicts in a row the effective S rises by one, up to the
-configured S. Every warning and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic:
-the learner feeds it each step's metrics and applies what it returns.
+bound the lease book sizes new leases with; groups already leased stay admissible under the configured S) or,
+where it is lower, the lag the flagged step's batch reached, and starts the window afresh: rollouts already in
+flight are as stale as before, so the next verdict waits for `window` new steps. After `patience` healthy
+verdicts in a row the effective S rises by one, up to the configured S. Every warning and change is one line of
+`decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each step's metrics and applies
+what it returns.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class DivergenceGuard:
             if (vals := [m[k] for m in self.recent if m.get(k) is not None])
         }
 
+    def _ceiling(self, m: dict[str, Any]) -> int:
+        """What a flag halves: the effective S, or the lag this step's batch actually reached where that is lower
+        (a run flagged at lag 3 under S = 16 gets S = 1 at once, not 8 then 4 then 2 a window apart)."""
+        lag = m.get("rollout/staleness_max")
+        return self.effective if lag is None else min(self.effective, int(lag))
+
     def observe(self, step: int, m: dict[str, Any]) -> dict[str, Any] | None:
         """A decision for `decisions.jsonl` if this step warns or changes the effective S, else None."""
         self.recent.append({k: m[k] for k in MEASURES if m.get(k) is not None})
@@ -78,7 +85,7 @@ class DivergenceGuard:
         if reasons:
             self.healthy_steps = 0
             if self.adaptive and self.effective > 0:
-                self.effective //= 2
+                self.effective = self._ceiling(m) // 2
                 self.recent.clear()
             action = "lower" if self.effective < before else "warn"
         else:

@@ -400,7 +400,7 @@ class Learner:
         record["guard/staleness_effective"] = self.guard.effective
         if decision is None:
             return
-        self.coord.set_lease_staleness(self.guard.effective)
+        self.coord.set_effective_staleness(self.guard.effective)
         self.activation.log.write(decision)
         change = f"; leases now sized with S = {decision['effective_to']}" if decision["action"] != "warn" else ""
         print(f"echo2 learner: step {record['step']}: {'; '.join(decision['reasons'])}{change}", file=sys.stderr)
