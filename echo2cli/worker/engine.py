@@ -97,6 +97,7 @@ def engine_kwargs(
         # On CPU, torch.compile warm-up takes 96-126 s per engine start against 4 s eager, for
         # ~15 % more tokens/s (docs/BENCHMARKS.md): eager is the better trade for workers that join.
         enforce_eager=not cuda,
+        worker_extension_cls="echo2cli.worker.vllm_ext.EngineWeights",  # collective_rpc("repack_unloaded_heads")
     )
     if lora is not None:
         kwargs.update(enable_lora=True, max_lora_rank=vllm_rank(lora.rank), max_loras=1, max_cpu_loras=adapters_kept)
@@ -213,9 +214,11 @@ class Engine:
         return groups
 
     def reload(self, weights_dir: Path) -> float:
-        """Swap in the weights of `weights_dir/model.safetensors`; returns seconds taken."""
+        """Swap in the weights of `weights_dir/model.safetensors`; returns seconds taken. On CPU the layers whose
+        packed copy the reload leaves stale (a tied LM head) are packed again (`vllm_ext.py`)."""
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        self.llm.collective_rpc("repack_unloaded_heads")
         if not self.llm.reset_prefix_cache():  # cached KV of the old weights must not be reused
             raise ModelError(
                 "vLLM refused to reset its prefix cache after a weight swap: the next prompts "
