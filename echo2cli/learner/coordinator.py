@@ -179,9 +179,7 @@ class Coordinator:
             self.dispatcher.expire()
 
     def set_effective_staleness(self, staleness: int) -> None:
-        """The S the divergence guard lowered or raised: new leases are sized with it, and groups staler than it
-        are no longer trained (those already admitted are dropped at the next batch, their prompts queued again:
-        the guard judged training at their lag unhealthy)."""
+        """The guard's S: it sizes new leases and bounds admission (staler admitted groups are dropped, requeued)."""
         with self.lock:
             self.leases.S = self.admission.S = staleness
 
