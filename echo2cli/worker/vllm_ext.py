@@ -9,9 +9,10 @@ then takes the new weights' hidden states through the first version's head. Meas
 hot-swapped engine was 0.25 nats off the trainer on tokens where a fresh engine on the same file agreed to 1e-5,
 and after an lr 2e-4 step 14-17 nats off on the end-of-answer token.
 
-`repack_unloaded_heads` packs, from its current weight, every layer that computes with a packed copy but keeps its
-weight (`cpu_linear` and a 2-D weight: the embedding-shaped layers; a linear layer drops its weight once packed,
-and the reload re-packs it anyway). GPU engines multiply by the weight itself, so there is nothing to refresh.
+`repack_unloaded_heads` packs the LM head again from its current weight: 0.14 s a swap for the default model, beside
+0.85 s for the reload (docs/BENCHMARKS.md). The embedding's packed copy is left alone, since nothing computes with
+it. A linear layer drops its weight once packed, and the reload re-packs it anyway. GPU engines multiply by the weight
+itself, so there is nothing to refresh.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ class EngineWeights:
     model_runner: Any  # the vLLM worker's
 
     def repack_unloaded_heads(self) -> int:
-        """Re-run the CPU GEMM dispatch of every layer that packed a copy of a weight it keeps; how many."""
+        """Re-run the CPU GEMM dispatch of every LM head that packed a copy of its weight; how many."""
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
         count = 0
         for module in self.model_runner.get_model().modules():
-            weight = getattr(module, "weight", None)
-            if hasattr(module, "cpu_linear") and weight is not None and weight.dim() == 2 and weight.numel():
+            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear") and module.weight.numel():
                 dispatch_cpu_unquantized_gemm(module, remove_weight=False)
                 count += 1
         return count
