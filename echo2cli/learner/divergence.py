@@ -15,12 +15,12 @@ A median of 3 ignores a one-step spike, which every staleness shows now and then
 S = 8 runs did, from the step their staleness reached 6.
 
 Each flagged step is a warning with its reasons. When adaptive, a flag also halves the effective S (the
-bound the lease book sizes new leases with; groups already leased stay admissible under the configured S) or,
-where it is lower, the lag the flagged step's batch reached, and starts the window afresh: rollouts already in
-flight are as stale as before, so the next verdict waits for `window` new steps. After `patience` healthy
-verdicts in a row the effective S rises by one, up to the configured S. Every warning and change is one line of
-`decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each step's metrics and applies
-what it returns.
+bound new leases are sized with and admission checks: staler groups already admitted are dropped and their
+prompts queued again) or, where it is lower, the lag the flagged step's batch reached, and starts the window
+afresh: rollouts already in flight are as stale as before, so the next verdict waits for `window` new steps.
+After `patience` healthy verdicts in a row the effective S rises by one, up to the configured S. Every warning
+and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each
+step's metrics and applies what it returns.
 """
 
 from __future__ import annotations
