@@ -234,3 +234,51 @@ def test_the_bf16_head_is_fp32_arithmetic_on_bf16_operands_with_fp32_logits():
     torch.testing.assert_close(hidden.grad, h.grad, rtol=0, atol=0)
     torch.testing.assert_close(weight.grad, w.grad, rtol=0, atol=0)
     assert not torch.equal(logits, logits.bfloat16().float())  # fp32 logits, not bf16 ones
+
+
+def published_logp(trainer, directory, prompt, completion):
+    """Log-probs of `completion` under the version the trainer publishes now (its weights in bf16), as an engine
+    computing in fp32 would score them."""
+    from transformers import AutoModelForCausalLM
+
+    trainer.export_weights(directory / "model.safetensors")
+    trainer.model.config.save_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+    return lp[len(prompt) - 1 :]
+
+
+def test_the_trainer_scores_with_the_weights_it_publishes(tiny_model_dir, tmp_path):
+    """Workers sample from the published bf16 weights. After a step the fp32 weights are off the bf16 grid, yet at
+    staleness 0 the trainer must score the policy the workers sampled from: w = 1 on every token."""
+    tr = make_trainer(tiny_model_dir, lr=1e-2, bf16=False)
+    prompt, good, bad = [5, 6], [20, 21, 22], [30, 31, 32]
+
+    def group(version, score):
+        completions = [good, bad, good, bad]
+        samples = [
+            Sample(prompt_id=version, sample_idx=i, completion_token_ids=c, logprobs=score(c).tolist())
+            for i, c in enumerate(completions)
+        ]
+        return Group(version, version, prompt, samples, [1.0, 0.0, 1.0, 0.0], "w")
+
+    tr.step([group(0, lambda c: published_logp(tr, tmp_path / "v0", prompt, c))], version=0)
+    fp32_gap = (logp_of(tr, prompt, good) - published_logp(tr, tmp_path / "v1", prompt, good)).abs().max()
+    m = tr.step([group(1, lambda c: published_logp(tr, tmp_path / "v1", prompt, c))], version=1)
+    assert fp32_gap > 1e-3  # the unrounded weights are another policy: a trainer scoring with them would see w != 1
+    assert m["train/abs_log_ratio_max"] < 1e-5 and m["train/is_ess"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_with_bf16_compute_only_what_the_layers_do_not_cast_is_rounded(tiny_model_dir):
+    from echo2cli.learner.rounding import read_at_fp32
+
+    tr = make_trainer(tiny_model_dir)
+    names = {id(p): n for n, p in tr.model.named_parameters()}
+    every = {names[id(p)] for p in read_at_fp32(tr.model, bf16_compute=False)}
+    uncast = {names[id(p)] for p in read_at_fp32(tr.model, bf16_compute=True)}
+    assert every == set(names.values())
+    assert uncast == {"model.embed_tokens.weight", "model.norm.weight"} | {
+        f"model.layers.{i}.{norm}.weight" for i in range(2) for norm in ("input_layernorm", "post_attention_layernorm")
+    }

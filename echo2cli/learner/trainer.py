@@ -3,7 +3,8 @@
 Scoring is at the workers' sampling temperature T: log softmax(z / T) of each sampled token, the
 distribution it was drawn from (the engine returns the same, `worker/engine.py`). Parameters and AdamW state
 stay in fp32; the forward/backward pass runs under bf16 autocast where the
-hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX), in fp32 elsewhere. Sequences are
+hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX), in fp32 elsewhere, and on the weights rounded to bf16 as
+they are published (`rounding.py`). Sequences are
 prompt + completion exactly as the worker's engine produced them (no re-tokenization), right-padded, in
 micro-batches whose losses are weighted by their share of completion tokens so the step equals one
 token-level mean over the whole batch.
@@ -33,6 +34,7 @@ from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
+from echo2cli.learner.rounding import as_published, read_at_fp32
 from echo2cli.learner.types import Group
 from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
@@ -308,6 +310,7 @@ class Trainer:
         bf16_head = self.autocast and self.device.type == "cuda"  # see TokenLogp
         self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
+        self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         fused = self.device.type == "cuda"  # one kernel per parameter group, not a dozen per tensor list
         self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
@@ -361,10 +364,11 @@ class Trainer:
         chunks = micro_batches(self._my_rows(lengths), lengths, budget, most, group_of, True, prompt_lengths)
         self.opt.zero_grad(set_to_none=True)
         parts: list[tuple[list[int], dict[str, Any]]] = []
-        for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
-            part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
-            if chunk:
-                parts.append((chunk, part))
+        with as_published(self.rounded):
+            for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
+                part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
+                if chunk:
+                    parts.append((chunk, part))
         sums, outliers = read_back(parts, lags, origin)
         sums = split_by_lag(self._reduce_metrics(sums))
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]

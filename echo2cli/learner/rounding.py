@@ -1,0 +1,52 @@
+"""The trainer computes with the weights it publishes.
+
+A version goes to the workers in bf16 (`Trainer.weights_image`); the trainer keeps its weights in fp32 for AdamW.
+If its forward pass read the fp32 weights, the policy it scores and moves (pi_theta) would not be the one the
+engines sample from (mu: the same weights rounded to bf16), not even at staleness 0. An AdamW step moves each
+weight by about lr, and for most weights that is less than a bf16 ulp (the ulp of a weight of 0.05 is 2.4e-4).
+Rounding then drops the step from some weights and makes it a whole ulp on others, and the two policies part.
+Measured on the default model without bf16 compute (docs/BENCHMARKS.md): at staleness 0, after one step at
+lr 2e-4, end-of-answer tokens a worker had sampled at probability 0.5-0.94 had e^-9 to e^-17 in the trainer.
+
+So each step's forward and backward passes run on the rounded values (`as_published`). The fp32 master is put
+aside, the weights are rounded in place, and the master is put back before the optimizer step. The step then
+applies to the master a gradient taken at the rounded point: what mixed precision does for the layers autocast
+casts. Only the parameters the forward reads at fp32 need this (`read_at_fp32`). Without bf16 compute, that is
+all of them. With it (autocast, or FSDP2's bf16 layers), the decoder layers' linear layers are cast already, by
+the same round-to-nearest-even; the embeddings, the norms and an untied head are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+def read_at_fp32(model: torch.nn.Module, bf16_compute: bool) -> list[torch.nn.Parameter]:
+    """The trainable parameters the forward pass reads at fp32: all of them, or with bf16 compute all but the
+    decoder layers' linear layers (adapters included)."""
+    cast: set[int] = set()
+    if bf16_compute:
+        for layer in model.get_decoder().layers:
+            for module in layer.modules():
+                if isinstance(module, torch.nn.Linear):
+                    cast.update(id(p) for p in module.parameters(recurse=False))
+    return [p for p in model.parameters() if p.requires_grad and id(p) not in cast]
+
+
+@contextlib.contextmanager
+def as_published(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """Inside, `params` hold their values rounded to bf16 (in their own dtype); on leaving, their fp32 values
+    again. Gradients taken inside stay in `.grad`. Costs one copy of `params` while inside."""
+    with torch.no_grad():
+        masters = [p.detach().clone() for p in params]
+        for p in params:
+            p.copy_(p.to(torch.bfloat16))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, master in zip(params, masters, strict=True):
+                p.copy_(master)
