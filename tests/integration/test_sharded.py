@@ -94,10 +94,18 @@ def test_after_a_step_the_bf16_version_of_two_ranks_is_within_one_bf16_step_of_o
     x = load_file(str(tmp_path / "plain" / "model.safetensors"))
     y = load_file(str(tmp_path / "two" / "model.safetensors"))
     assert x.keys() == y.keys() and "lm_head.weight" not in x
+    off = total = 0
     for k in x:
         assert x[k].dtype == y[k].dtype == torch.bfloat16
-        # fp32 weights 1e-7 apart can round to neighbouring bf16 values: at most one bf16 step (2^-8 relative)
-        torch.testing.assert_close(x[k].float(), y[k].float(), rtol=2**-7, atol=1e-6, msg=k)
+        # fp32 weights 1e-7 apart can round to neighbouring bf16 values: one bf16 step (2^-8 relative). Where a
+        # weight rounded apart before the second step, whose passes run on the rounded weights (`rounding.py`),
+        # that step's gradients differ a little everywhere, and a weight near 0 can end a few bf16 steps apart
+        # (measured: 1 of the 2048 of one tensor, 7.6e-6 apart). Diverged training would be ~lr = 1e-2 apart.
+        a, b = x[k].float(), y[k].float()
+        off += int(((a - b).abs() > b.abs() * 2**-7 + 1e-6).sum())
+        total += a.numel()
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-4, msg=k)
+    assert off <= total * 1e-3
 
 
 def test_the_scale_benchmark_runs_a_tiny_shape_on_one_and_two_ranks():
