@@ -44,7 +44,10 @@ def test_parameter_counts_of_known_models():
 def test_sharding_divides_the_states_and_checkpointing_cuts_activations():
     one = learner_memory(QWEN3_8B, 1, 8192, 4096, checkpointing=False)
     eight = learner_memory(QWEN3_8B, 8, 8192, 4096, checkpointing=False)
-    assert eight.states == pytest.approx(one.states / 8) and one.states == 16 * QWEN3_8B.params()
+    assert (
+        eight.states == pytest.approx(one.states / 8)
+        and one.states == 16 * QWEN3_8B.params() + 4 * QWEN3_8B.root_params()
+    )
     assert eight.gathered > 0 == one.gathered  # whole root and two layers at a time, on ranks that shard
     checkpointed = learner_memory(QWEN3_8B, 8, 8192, 4096, checkpointing=True)
     assert checkpointed.activations < eight.activations / 5

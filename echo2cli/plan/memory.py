@@ -2,6 +2,8 @@
 
 Learner, per rank of N (FSDP2, fp32 master weights, bf16 layer compute; `learner/sharded.py`):
     states       16 P / N          fp32 parameters, gradients and AdamW's two moments, each 1/N
+                 + 4 root / N      the root's fp32 master, put aside while the step computes with it rounded to
+                                   bf16 as published (`learner/rounding.py`; the layers' bf16 cast needs none)
     gathered     4 (root + 2 layer) the root unit (embeddings, head, final norm) stays whole through the step,
                  + 4 root (its grad) and FSDP holds the layer being computed and the next one (prefetch)
     activations  per token of the micro-batch: every layer's saved tensors, or with activation checkpointing
@@ -16,8 +18,9 @@ layers save 8 bytes x (h + n_q d + 2 n_kv d) more per token and layer (`Shape.ea
 fp32 tensors, keys and values repeated to the query heads for the varlen kernel and gathered per row). Measured on
 an H200 (2026-11-27, `scripts/bench_learner_gpu.py`): Qwen3-1.7B shape, 16,384-token micro-batches, one process:
 peak 72.9 GiB compiled and 94.6 eager against 73.4 and 94.4 here; Qwen3-4B shape compiled, 8,192 tokens: 103.5
-against 106.2; with checkpointing, 32,768 tokens: 78.8 against 81.5. `scripts/bench_learner_scale.py` measures the
-sharded learner on CPU against this.
+against 106.2; with checkpointing, 32,768 tokens: 78.8 against 81.5 (all before the root's master copy, which adds
+1.45 GiB to the Qwen3-4B figures here). `scripts/bench_learner_scale.py` measures the sharded learner on CPU against
+this.
 
 `largest_micro_batch` inverts it: the most tokens per micro-batch that fit a device, with and without checkpointing,
 which `memory_plan` turns into a suggested setting (the best measured: no checkpointing while at least
@@ -135,7 +138,7 @@ def learner_memory(
     else:
         activations = shape.layers * act_layer
     return LearnerMemory(
-        states=16 * p / ranks if ranks > 1 else 16 * p,
+        states=(16 * p + 4 * shape.root_params()) / ranks,
         gathered=(8 * shape.root_params() + 8 * shape.layer_params()) if ranks > 1 else 0,
         activations=activations,
         logits=20 * shape.vocab * min(completion_tokens, LOGIT_CHUNK),
