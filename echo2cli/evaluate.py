@@ -1,7 +1,8 @@
 """`echo2 eval`: a model on a task's held-out split with vLLM — greedy accuracy and pass@k.
 
-    model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, and by default its
-            task, task options and completion length; `--version N`: the version N it published instead)
+    model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, its weights rounded to bf16
+            as the learner publishes them, and by default its task, task options and completion length;
+            `--version N`: the version N it published instead)
     greedy  one completion per problem at temperature 0: mean reward, mean of each reward component,
             accuracy = the share solved
     pass@k  k completions per problem at temperature 1: the share of problems with at least one solved
@@ -68,6 +69,8 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
             model = str(stack.enter_context(published_version(cfg.run, versions[0], checkpoint)))
         elif checkpoint is not None and model == str(checkpoint) and is_adapter(checkpoint):
             model = str(stack.enter_context(lora_checkpoint(checkpoint)))
+        elif checkpoint is not None and model == str(checkpoint) and engine_in_fp32():
+            model = str(stack.enter_context(rounded_checkpoint(checkpoint)))
         result = evaluate(
             model or "default",
             task,
@@ -156,6 +159,39 @@ def published_version(run: Path, version: int, checkpoint: Path) -> Iterator[Pat
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-v{version}-", dir=run))
     try:
         yield model_dir_with_weights(mdir, checkpoint, weights)
+    finally:
+        shutil.rmtree(mdir, ignore_errors=True)
+
+
+def engine_in_fp32() -> bool:
+    """Whether this host's engine computes in fp32 (a CPU without bf16), and so would run a checkpoint's fp32
+    weights as they are. One computing in bf16 rounds them itself, as the learner does when it publishes."""
+    import torch
+
+    from echo2cli.hardware import compute_dtype
+
+    return compute_dtype(torch.cuda.is_available()) == "float32"
+
+
+@contextlib.contextmanager
+def rounded_checkpoint(checkpoint: Path) -> Iterator[Path]:
+    """A model directory for a checkpoint's weights rounded to bf16, as the learner publishes them: the policy its
+    steps trained (`learner/rounding.py`). The fp32 weights themselves are another policy, up to several nats
+    apart on a token (docs/BENCHMARKS.md). Removed afterwards."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    mdir = Path(tempfile.mkdtemp(prefix=f"eval-{checkpoint.name}-", dir=checkpoint.parent.parent))
+    try:
+        for name in MODEL_FILES:
+            if (checkpoint / name).exists():
+                shutil.copy2(checkpoint / name, mdir / name)
+        for index in checkpoint.glob("*.safetensors.index.json"):  # a checkpoint saved in shards
+            shutil.copy2(index, mdir / index.name)
+        for shard in checkpoint.glob("*.safetensors"):
+            tensors = {k: v.to(torch.bfloat16) for k, v in load_file(shard).items()}
+            save_file(tensors, str(mdir / shard.name), metadata={"format": "pt"})
+        yield mdir
     finally:
         shutil.rmtree(mdir, ignore_errors=True)
 

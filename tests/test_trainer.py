@@ -282,3 +282,28 @@ def test_with_bf16_compute_only_what_the_layers_do_not_cast_is_rounded(tiny_mode
     assert uncast == {"model.embed_tokens.weight", "model.norm.weight"} | {
         f"model.layers.{i}.{norm}.weight" for i in range(2) for norm in ("input_layernorm", "post_attention_layernorm")
     }
+
+
+def test_a_checkpoint_is_evaluated_as_the_version_published_from_it(tiny_model_dir, tmp_path):
+    """`echo2 eval --run` on an engine computing in fp32 takes the checkpoint's weights rounded to bf16: the policy
+    the steps trained, byte for byte the version published after them, not the fp32 master."""
+    from safetensors.torch import load_file
+
+    from echo2cli.evaluate import rounded_checkpoint
+
+    tr = make_trainer(tiny_model_dir, bf16=False)
+    prompt = [5, 6]
+    samples = [Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i], logprobs=[-4.0]) for i in range(2)]
+    tr.step([Group(0, 0, prompt, samples, [1.0, 0.0], "w")])
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    tr.save_checkpoint(checkpoint)
+    published = tr.weights_bf16()
+    with rounded_checkpoint(checkpoint) as model_dir:
+        rounded = load_file(str(model_dir / "model.safetensors"))
+        assert (model_dir / "config.json").is_file()
+    assert rounded.keys() == published.keys()
+    assert all(torch.equal(rounded[k], published[k]) for k in published)
+    assert not all(
+        torch.equal(rounded[k].float(), v) for k, v in load_file(str(checkpoint / "model.safetensors")).items()
+    )
+    assert not model_dir.exists()
