@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from echo2cli.evaluate import engine_in_fp32
 from echo2cli.learner.checkpoint import STATE_FILE
 from echo2cli.models import prepare_default_model
 
@@ -49,7 +50,10 @@ def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(tmp_path):
     (ckpt / STATE_FILE).write_text(json.dumps({"step": 3, "config": config, "coordinator": {}}))
     result = run_eval("--run", str(tmp_path / "run"), "--limit", "12", "--k", "2")
     check(result, 12)
-    assert result["model"] == str(ckpt) and result["task"] == "arithmetic" and result["max_new_tokens"] == 8
+    # an engine computing in fp32 gets the checkpoint rounded to bf16 as published, from a directory of its own
+    assert (f"{tmp_path / 'run'}/eval-step_000003-" if engine_in_fp32() else str(ckpt)) in result["model"]
+    assert result["task"] == "arithmetic" and result["max_new_tokens"] == 8
+    assert not list((tmp_path / "run").glob("eval-step_*"))  # removed afterwards
     written = json.loads((tmp_path / "run" / "eval" / "arithmetic-step_000003.json").read_text())
     assert written["greedy_accuracy"] == result["greedy_accuracy"]
 
