@@ -311,8 +311,7 @@ class Trainer:
         self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        fused = self.device.type == "cuda"  # one kernel per parameter group, not a dozen per tensor list
+        trainable, fused = [p for p in self.model.parameters() if p.requires_grad], self.device.type == "cuda"
         self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
