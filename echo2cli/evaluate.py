@@ -35,8 +35,7 @@ from echo2cli.errors import ConfigError
 from echo2cli.layout import VERSIONS_DIR, VersionKey, kept_versions, weights_path
 from echo2cli.learner.checkpoint import find_checkpoint, read_state
 from echo2cli.lora import is_adapter, write_merged
-from echo2cli.models import model_dir_with_weights, resolve_model
-from echo2cli.protocol import MODEL_FILES
+from echo2cli.models import copy_model_files, model_dir_with_weights, resolve_model
 from echo2cli.tasks import Problem, Score, encode_chat, load_task
 from echo2cli.tasks.episodes import LocalSteps, Turns, is_episodic, play
 from echo2cli.tasks.scoring import Scorer
@@ -183,9 +182,7 @@ def rounded_checkpoint(checkpoint: Path) -> Iterator[Path]:
 
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-{checkpoint.name}-", dir=checkpoint.parent.parent))
     try:
-        for name in MODEL_FILES:
-            if (checkpoint / name).exists():
-                shutil.copy2(checkpoint / name, mdir / name)
+        copy_model_files(checkpoint, mdir)
         for index in checkpoint.glob("*.safetensors.index.json"):  # a checkpoint saved in shards
             shutil.copy2(index, mdir / index.name)
         for shard in checkpoint.glob("*.safetensors"):
@@ -206,9 +203,7 @@ def lora_checkpoint(checkpoint: Path) -> Iterator[Path]:
         raise ConfigError(f"{checkpoint} holds LoRA adapters, and their base {base} is gone: rerun the learner")
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-{checkpoint.name}-", dir=run))
     try:
-        for name in MODEL_FILES:
-            if (checkpoint / name).exists():
-                shutil.copy2(checkpoint / name, mdir / name)
+        copy_model_files(checkpoint, mdir)
         write_merged(mdir, checkpoint, base)
         yield mdir
     finally:

@@ -23,14 +23,19 @@ DEFAULT_MODEL = "default"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def copy_model_files(src: Path, dest: Path) -> None:
+    """The config and tokenizer files of model directory `src` (those it has) into `dest`, created if need be."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        if (src / name).exists():
+            shutil.copy2(src / name, dest / name)
+
+
 def model_dir_with_weights(dest: Path, config_from: Path, weights: Path) -> Path:
     """`dest` as a model directory: the config and tokenizer files of `config_from` and `weights` hard-linked
     (copied across filesystems), so pruning the original leaves it whole. A LoRA run's version (adapters,
     `echo2cli/lora.py`) is merged into its base, version 0 beside it, instead."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in MODEL_FILES:
-        if (config_from / name).exists():
-            shutil.copy2(config_from / name, dest / name)
+    copy_model_files(config_from, dest)
     if is_adapter(weights.parent):
         write_merged(dest, weights.parent, VersionKey(0).path(weights.parent.parent))
         return dest
