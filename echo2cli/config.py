@@ -68,7 +68,8 @@ class LearnerConfig(_Config):
     """`echo2 learner`."""
 
     HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
-        "Run": "model task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads train_cpus",
+        "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
+        "train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
         "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
@@ -81,7 +82,12 @@ class LearnerConfig(_Config):
         "LoRA": "lora_rank lora_alpha lora_targets",
     }
 
-    model: str = Field("default", description="'default' (SmolLM2-135M-Instruct, offline) or a local HF dir")
+    model: str = Field(
+        "default",
+        description="'default' (SmolLM2-135M-Instruct, offline), a Hugging Face Hub id (ORG/NAME, e.g. Qwen/Qwen3-4B; "
+        "fetched into the Hub cache, HF_HUB_OFFLINE=1 reads only the cache) or a local HF directory",
+    )
+    revision: str | None = Field(None, description="with a Hub id: its branch, tag or commit hash (pin it)")
     task: str = Field("arithmetic", description="task adapter: arithmetic | math | poker | 'package.module:Class'")
     task_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -411,6 +417,7 @@ class DemoConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    seed: int = Field(0, description="the learner's seed (prompt order, torch); worker i samples with seed + i")
     lora_rank: int = Field(0, ge=0, le=512, description="train LoRA adapters of this rank (0 = the full model)")
     report_to: str = Field("jsonl", description="the learner's loggers: jsonl, tensorboard, wandb, trackio")
     port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
@@ -432,9 +439,10 @@ class EvalConfig(_Config):
     )
     model: str | None = Field(
         None,
-        description="'default' or an HF model directory (a checkpoint is one)",
+        description="'default', a Hugging Face Hub id (ORG/NAME) or an HF model directory (a checkpoint is one)",
         json_schema_extra={"shown_default": "the run's newest checkpoint with --run, else default"},
     )
+    revision: str | None = Field(None, description="with a Hub id: its branch, tag or commit hash")
     run: Path | None = Field(
         None, description="a learner run directory: its newest checkpoint, task, task options and completion length"
     )
@@ -503,7 +511,13 @@ class PlanConfig(_Config):
 class MemoryConfig(_Config):
     """`echo2 plan-memory`."""
 
-    model: str = Field("default", description="'default' or a model directory (its config.json gives the shape)")
+    model: str = Field(
+        "default",
+        description="'default', a Hugging Face Hub id (ORG/NAME: only its config.json is fetched) or a model "
+        "directory; only the config.json is read, for the shape",
+    )
+    revision: str | None = Field(None, description="with a Hub id: its branch, tag or commit hash")
+    config_json: Path | None = Field(None, description="a config.json file to take the shape from instead of --model")
     ranks: int = Field(1, ge=1, le=4096, description="learner ranks sharing the model (--nproc-per-node x nodes)")
     device_gib: float = Field(80.0, gt=0, description="memory of one learner device (GPU, or the host on CPU), GiB")
     micro_batch_tokens: int = Field(
@@ -565,7 +579,13 @@ class BenchStalenessConfig(_Config):
     """`echo2 bench staleness`."""
 
     staleness: str = Field("0,1,2,4,8", description="staleness bounds S to run, comma-separated (0 = synchronous)")
-    seeds: int = Field(2, ge=1, le=100, description="runs per setting, seeds 0..N-1")
+    seeds: int = Field(2, ge=1, le=100, description="runs per setting, seeds --seed .. --seed + N - 1")
+    seed: int = Field(
+        0,
+        ge=0,
+        description="the first seed: a run of seed s seeds its learner with s and its worker i with s + i, so "
+        "settings compare seed by seed; more seeds later are --seed N --seeds M on the same --out",
+    )
     steps: int = Field(20, ge=1, description="optimizer steps per run")
     workers: int = Field(1, ge=1, le=16, description="local workers per run")
     off_policy: str = Field(

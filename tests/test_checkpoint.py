@@ -176,6 +176,9 @@ def test_resume_refuses_changes_that_change_what_the_state_means(tmp_path):
     resume_check(saved, 10, cfg)
     with pytest.raises(ConfigError, match="cannot change group_size"):
         resume_check(saved, 10, SimpleNamespace(**{**vars(cfg), "group_size": 4}))
+    pinned = {**saved, "model": "Qwen/Qwen3-4B", "revision": "abc123"}
+    with pytest.raises(ConfigError, match="cannot change revision"):  # another commit is another model
+        resume_check(pinned, 10, SimpleNamespace(**{**vars(cfg), **pinned, "revision": "main"}))
     with pytest.raises(ConfigError, match="--steps"):
         resume_check(saved, 20, cfg)
     with pytest.raises(ConfigError, match="no checkpoint"):

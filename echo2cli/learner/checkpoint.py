@@ -96,6 +96,7 @@ def find_checkpoint(path: Path) -> Path:
 
 FIXED_ON_RESUME = (
     "model",
+    "revision",
     "task",
     "task_options",
     "seed",

@@ -171,7 +171,7 @@ def follow_learner(cfg: LearnerConfig) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    trainer = build_trainer(cfg, resolve_model(cfg.model))
+    trainer = build_trainer(cfg, resolve_model(cfg.model, cfg.revision))
     assert isinstance(trainer, ShardedTrainer)
     trainer.follow()
 
@@ -204,7 +204,7 @@ class Learner:
         self.train_cpus = training_cpus(cfg)  # checked before anything starts; pinned when training starts
         self.run_id, self.start_step = uuid.uuid4().hex[:8], 0
         self.stop = threading.Event()
-        self.model_dir = resolve_model(cfg.model)
+        self.model_dir = resolve_model(cfg.model, cfg.revision)
         self.model_files = [f for f in MODEL_FILES if (self.model_dir / f).exists()]
         self._closing = contextlib.ExitStack()  # everything opened here, closed when `run` ends
         self.scorer = self._closing.enter_context(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from echo2cli.errors import ModelError
+from echo2cli.errors import ModelError, first_line
 
 
 def meta_model(model_dir: Path, dtype: torch.dtype) -> torch.nn.Module:
@@ -38,8 +38,7 @@ def meta_model(model_dir: Path, dtype: torch.dtype) -> torch.nn.Module:
 
 def does_not_load(model_dir: Path, exc: Exception) -> ModelError:
     """The one-line error for a model that transformers, safetensors or torch would not load: their first line."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ModelError(f"model in {model_dir} does not load: {first}")
+    return ModelError(f"model in {model_dir} does not load: {first_line(exc)}")
 
 
 def is_meta(module: torch.nn.Module) -> bool:

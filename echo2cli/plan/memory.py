@@ -82,11 +82,11 @@ class Shape:
             raise ConfigError(f"config.json lacks a decoder shape field: {exc}") from exc
 
     @classmethod
-    def from_model_dir(cls, path: Path) -> Shape:
+    def from_config_file(cls, path: Path) -> Shape:
         try:
-            return cls.from_config(json.loads((Path(path) / "config.json").read_text()))
+            return cls.from_config(json.loads(Path(path).read_text()))
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read {path}/config.json: {exc}") from exc
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
 
     def layer_params(self) -> int:
         h, d = self.hidden, self.head_dim
@@ -187,6 +187,7 @@ def memory_plan(
     """Both sides, with and without checkpointing, and what fits (`fitting`); a ConfigError naming a side that can't."""
     both = {c: learner_memory(shape, ranks, micro_batch_tokens, completion_tokens, c, compiled) for c in (False, True)}
     chosen = both[checkpointing]
+    fits = fitting(shape, ranks, device_gib, compiled)
     rollout = rollout_memory(shape, rollout_gib, utilization, tensor_parallel, context)
     report = {
         "params": shape.params(),
@@ -198,7 +199,7 @@ def memory_plan(
             "per_rank_gib": {k: v / GiB for k, v in asdict(chosen).items()} | {"total": chosen.total / GiB},
             "total_gib_without_checkpointing": both[False].total / GiB,
             "total_gib_with_checkpointing": both[True].total / GiB,
-            **fitting(shape, ranks, device_gib, compiled),
+            **fits,
         },
         "rollout": {
             "gpu_gib": rollout_gib,
@@ -212,9 +213,8 @@ def memory_plan(
         },
     }
     if chosen.total > device_gib * GiB:
-        hint = "more ranks, a smaller --micro-batch-tokens" + (
-            "" if checkpointing else " or --activation-checkpointing"
-        )
+        flags = fits["suggested"]  # the learner flags that fit, or "nothing fits one device: ..."
+        hint = f"try {flags}, or more ranks" if flags.startswith("--") else flags
         raise ConfigError(
             f"the learner needs {chosen.total / GiB:.1f} GiB per rank of {ranks} and a device has {device_gib:g} GiB: "
             f"{hint}"
@@ -250,9 +250,9 @@ def suggested(largest: dict[bool, int], compiled: bool) -> str:
 
 
 def memory_plan_from(cfg: MemoryConfig) -> dict:
-    from echo2cli.models import resolve_model
+    from echo2cli.models import resolve_model_config
 
-    shape = Shape.from_model_dir(resolve_model(cfg.model))
+    shape = Shape.from_config_file(cfg.config_json or resolve_model_config(cfg.model, cfg.revision))
     return memory_plan(
         shape,
         ranks=cfg.ranks,
