@@ -50,7 +50,7 @@ def _clean(out: Path) -> None:
     (out / "logs").mkdir(parents=True)
 
 
-def summarize(out: Path, wall_s: float) -> dict[str, Any]:
+def summarize(out: Path, wall_s: float, seed: int) -> dict[str, Any]:
     rows = read_metrics(out / "metrics.jsonl")
     if not rows:
         raise Echo2Error(f"the run wrote no metrics: see {out / 'logs'}")
@@ -59,6 +59,7 @@ def summarize(out: Path, wall_s: float) -> dict[str, Any]:
     ratios = [r["bcast/upload_ratio"] for r in rows if r.get("bcast/upload_ratio") is not None]
     return {
         "steps": len(rows),
+        "seed": seed,
         "wall_s": wall_s,
         "reward_start": statistics.mean(r["rollout/reward_mean"] for r in rows[:k]),
         "reward_end": statistics.mean(r["rollout/reward_mean"] for r in rows[-k:]),
@@ -85,6 +86,7 @@ def _last_decision(out: Path) -> str:
 def summary_table(s: dict[str, Any]) -> Table:
     table = Table("metric", Column("value", overflow="fold"), title="echo2 demo summary")
     table.add_row("steps", str(s["steps"]))
+    table.add_row("seed", str(s["seed"]))
     table.add_row("wall time", f"{s['wall_s']:.0f} s")
     table.add_row("reward (first steps → last steps)", f"{s['reward_start']:.3f} → {s['reward_end']:.3f}")
     table.add_row("T_train (median)", f"{s['t_train_s_median']:.2f} s")
@@ -110,7 +112,7 @@ def run_demo(cfg: DemoConfig, console: Console, worker_flags: tuple[str, ...] = 
         _watch(procs, url, out, console)
     finally:
         stop(procs)
-    summary = summarize(out, time.time() - t0)
+    summary = summarize(out, time.time() - t0, cfg.seed)
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     console.print(summary_table(summary))
     return summary
@@ -137,6 +139,7 @@ def _start(
         group_size=cfg.group_size,
         staleness=cfg.staleness,
         lr=cfg.lr,
+        seed=cfg.seed,
         lora_rank=cfg.lora_rank,
         report_to=cfg.report_to,
         quiet=True,
@@ -146,7 +149,9 @@ def _start(
     with console.status("starting the learner"):
         url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
     for i in range(cfg.workers):
-        args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
+        args = flags(
+            join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0", seed=cfg.seed + i
+        )
         env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))}
         procs.append(spawn(["worker", *args, *worker_flags], out / "logs" / f"worker{i}.log", env=env))
     return url

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,9 +43,8 @@ def evaluate(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
 
 def run_echo2(out: Path, seed: int, steps: int) -> dict[str, Any]:
     """The default demo; wall time from its summary (learner start to the last step, workers included)."""
-    argv = [sys.executable, "-m", "echo2cli", "demo", "--out", str(out), "--steps", str(steps)]
-    env = {**os.environ, "ECHO2_SEED": str(seed)}  # the demo has no seed flag; its learner reads ECHO2_SEED
-    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "echo2cli", "demo", "--out", str(out), "--steps", str(steps), "--seed", str(seed)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "demo_summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"wall_s": summary["wall_s"], "reward": [r["rollout/reward_mean"] for r in rows]}

@@ -25,6 +25,8 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     )
     lora = [run_name(s) for s in settings(BenchStalenessConfig(staleness="2", lora_rank="0,16", seeds=1))]
     assert lora == ["S2-token_tis-seed0", "S2-token_tis-lora16-seed0"]  # rank 0 keeps the old runs' names
+    more = [run_name(s) for s in settings(BenchStalenessConfig(staleness="0", seed=3, seeds=2))]
+    assert more == ["S0-token_tis-seed3", "S0-token_tis-seed4"]  # more seeds on the same --out, later
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,10 @@ def test_bad_config_value_is_one_line_naming_the_field():
 
 def test_missing_model_directory_is_one_line(tmp_path):
     proc = run_cli("learner", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2 and "config.json" in proc.stderr and "Traceback" not in proc.stderr
+    assert "no such directory, and not a Hugging Face Hub id" in one_line_error(proc)
+    (tmp_path / "empty").mkdir()
+    proc = run_cli("learner", "--model", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert "no config.json" in one_line_error(proc)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -174,3 +177,27 @@ def test_the_vllm_plugin_shortens_the_engine_busy_wait_only_when_echo2_asks(monk
     monkeypatch.setenv(vllm_plugin.BUSY_LOOP_ENV, "0.05")
     vllm_plugin.register()
     assert init.__defaults__ == (0.05,)
+
+
+def test_the_demo_seeds_its_learner_and_workers_and_says_so(tmp_path, monkeypatch):
+    """`echo2 demo --seed N`: the learner gets N, worker i N + i, and the summary shows N."""
+    from rich.console import Console
+
+    from echo2cli import demo
+    from echo2cli.config import DemoConfig, load_config
+
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(demo, "spawn", lambda args, log, env=None: spawned.append(args))
+    monkeypatch.setattr(demo, "wait_for_learner", lambda proc, out, log: {"url": "http://127.0.0.1:1"})
+    cfg = load_config(DemoConfig, None, {"seed": 7, "workers": 2}, "demo")
+    demo._start(cfg, tmp_path, [], Console(quiet=True), ())
+    seeds = [args[args.index("--seed") + 1] for args in spawned]
+    assert seeds == ["7", "7", "8"]  # learner, w0, w1
+    metrics = tmp_path / "metrics.jsonl"
+    row = {"rollout/reward_mean": 0.5, "learner/t_train_s": 1.0, "learner/bubble_ratio": 0.0}
+    metrics.write_text(json.dumps({**row, "rollout/staleness_max": 0, "rollout/stale_dropped_total": 0}) + "\n")
+    summary = demo.summarize(tmp_path, 10.0, cfg.seed)
+    assert summary["seed"] == 7
+    text = Console(record=True, width=200)
+    text.print(demo.summary_table(summary))
+    assert "seed" in text.export_text()

@@ -64,7 +64,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
         for s in bounds
         for m in modes
         for r in ranks
-        for seed in range(cfg.seeds)
+        for seed in range(cfg.seed, cfg.seed + cfg.seeds)
     ]
 
 
@@ -116,7 +116,13 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         url = str(wait_for_learner(procs[0], out, out / "logs" / "learner.log")["url"])
         for i in range(cfg.workers):
             core = 1 + i % (CORES - 1) if CORES > 1 else 0
-            args = flags(join=url, name=f"w{i}", work_dir=out / "workers" / f"w{i}", bt_listen="127.0.0.1:0")
+            args = flags(
+                join=url,
+                name=f"w{i}",
+                work_dir=out / "workers" / f"w{i}",
+                bt_listen="127.0.0.1:0",
+                seed=setting["seed"] + i,
+            )
             env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
             procs.append(spawn(["worker", *args], out / "logs" / f"worker{i}.log", env=env, prefix=_pin(core)))
         if procs[0].wait() != 0:
