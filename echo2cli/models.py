@@ -15,6 +15,7 @@ into its cache (`HF_HOME`, default `~/.cache/huggingface`) and the learner reads
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from echo2cli.protocol import MODEL_FILES
 DEFAULT_MODEL = "default"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME
-WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")  # one file, or the shards and their index
+INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map: tensor name -> shard file
 
 
 def copy_model_files(src: Path, dest: Path) -> None:
@@ -104,10 +105,14 @@ def resolve_model(spec: str, revision: str | None = None) -> Path:
     (config, tokenizer and safetensors only). The directory must hold safetensors weights (vLLM's hot reload)."""
     if spec == DEFAULT_MODEL:
         return _default_model(revision)
-    path = _local_or_hub(spec, revision, [*MODEL_FILES, *WEIGHT_PATTERNS])
+    if is_hub_id(spec):  # the index first: it names the shards (some repositories hold another copy too)
+        first = hub_snapshot(spec, revision, [*MODEL_FILES, INDEX_FILE])
+        path = hub_snapshot(spec, revision, [*MODEL_FILES, INDEX_FILE, *(_weight_names(first) or ["*.safetensors"])])
+    else:
+        path = _local_dir(spec, revision)
     if not (path / "config.json").exists():
         raise ModelError(f"{path} is not a Hugging Face model directory (no config.json)")
-    if not any(path.glob("*.safetensors")):
+    if not _weight_names(path):
         raise ModelError(f"{path} has no *.safetensors weights; vLLM hot reload needs safetensors")
     return path
 
@@ -116,10 +121,27 @@ def resolve_model_config(spec: str, revision: str | None = None) -> Path:
     """The config.json of `spec` (as `resolve_model` takes it), fetching nothing else: a shape needs no weights."""
     if spec == DEFAULT_MODEL:
         return _default_model(revision) / "config.json"
-    config = _local_or_hub(spec, revision, ["config.json"]) / "config.json"
+    found = hub_snapshot(spec, revision, ["config.json"]) if is_hub_id(spec) else _local_dir(spec, revision)
+    config = found / "config.json"
     if not config.exists():
         raise ModelError(f"{config.parent} is not a Hugging Face model directory (no config.json)")
     return config
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files of a model directory: the shards its index names, or else every *.safetensors file (a
+    repository may hold another copy beside the shards, e.g. Mistral's consolidated.safetensors)."""
+    return [Path(model_dir) / name for name in _weight_names(Path(model_dir))]
+
+
+def _weight_names(model_dir: Path) -> list[str]:
+    index = model_dir / INDEX_FILE
+    if not index.exists():
+        return sorted(p.name for p in model_dir.glob("*.safetensors"))
+    try:
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"{index} is not a safetensors index (weight_map: tensor -> file): {exc}") from None
 
 
 def _default_model(revision: str | None) -> Path:
@@ -132,10 +154,7 @@ def is_hub_id(spec: str) -> bool:
     return HUB_ID.fullmatch(spec) is not None and not Path(spec).expanduser().exists()
 
 
-def _local_or_hub(spec: str, revision: str | None, patterns: list[str]) -> Path:
-    """A local directory as it is, or a Hub id's snapshot of the files matching `patterns`."""
-    if is_hub_id(spec):
-        return hub_snapshot(spec, revision, patterns)
+def _local_dir(spec: str, revision: str | None) -> Path:
     path = Path(spec).expanduser().resolve()
     if not path.is_dir():
         raise ModelError(f"--model {spec}: no such directory, and not a Hugging Face Hub id (ORG/NAME)")

@@ -106,3 +106,24 @@ def test_a_local_directory_wins_over_a_hub_id_of_the_same_name(tmp_path, monkeyp
 def test_what_cannot_be_resolved_is_one_line(spec, revision, message):
     with pytest.raises(ModelError, match=message):
         resolve_model(spec, revision)
+
+
+def test_the_weight_files_are_the_shards_the_index_names(tmp_path):
+    """A repository may hold another copy beside the shards (Mistral's consolidated.safetensors): only the index's
+    shards are fetched from the Hub and read by the sharded learner; without an index, every *.safetensors file."""
+    import torch
+    from safetensors.torch import save_file
+
+    from echo2cli.models import INDEX_FILE, safetensors_files
+
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "consolidated.safetensors"):
+        save_file({"w": torch.zeros(1)}, str(tmp_path / name))
+    assert [p.name for p in safetensors_files(tmp_path)] == [
+        "consolidated.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+    ]  # fmt: skip
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert [p.name for p in safetensors_files(tmp_path)] == sorted(weight_map.values())
+    (tmp_path / INDEX_FILE).write_text("[]")
+    with pytest.raises(ModelError, match="is not a safetensors index"):
+        safetensors_files(tmp_path)

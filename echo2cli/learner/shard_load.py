@@ -46,10 +46,12 @@ def is_meta(module: torch.nn.Module) -> bool:
 
 
 def weight_files(model_dir: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (one file, or the shards of a sharded checkpoint)."""
+    """Tensor name -> the safetensors file holding it (one file, or the shards a sharded checkpoint's index names)."""
     from safetensors import safe_open
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    from echo2cli.models import safetensors_files
+
+    files = safetensors_files(Path(model_dir))
     if not files:
         raise ModelError(f"model in {model_dir} does not load: no *.safetensors weights")
     where: dict[str, Path] = {}
