@@ -452,14 +452,14 @@ def bench_staleness(
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
     from echo2cli.bench.paired import describe
-    from echo2cli.bench.staleness import base_accuracy, run_bench, summary
+    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
     def progress(r: dict[str, Any]) -> None:
         console.print(
             f"{r['name']}: {r['steps']} steps in {r['train_s']:.0f} s, reward last 3 "
             f"{sum(r['reward'][-3:]) / 3:.3f}, held-out greedy {r['eval_greedy_accuracy']:.3f}, "
-            f"guard flags {len(r['guard'])}",
+            f"guard flags {len(guard_flags(r))}",
             soft_wrap=True,
         )
 

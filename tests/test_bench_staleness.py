@@ -189,3 +189,7 @@ def test_collapse_finds_the_first_version_below_base_and_the_guards_lead_on_it()
     assert s16["below_base_runs"] == 2 and s16["below_base_versions"] == [6, 4] and s16["flag_leads"] == [2, 1]
     assert s16["flagged_2_ahead"] == 1
     assert "below_base_runs" not in summary([healthy])[0]  # no base measured: no collapse columns
+    guard = [{"step": 2, "action": "lower"}, {"step": 5, "action": "raise"}, {"step": 6, "action": "lower"}]
+    adaptive = row(16, 0, 0.5, 50) | {"adaptive": True, "guard": guard}
+    assert summary([adaptive])[0]["first_flag_steps"] == [2] and summary([adaptive])[0]["flagged_runs"] == 1
+    assert collapse(adaptive | {"guard": guard[1:2]}, base=0.3)["first_flag_step"] is None  # a raise is no flag

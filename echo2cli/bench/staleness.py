@@ -267,7 +267,7 @@ def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
     if not curve or curve[-1][0] < row["steps"]:
         curve.append((row["steps"], row["eval_greedy_accuracy"]))
     fall = next((i for i, (_, acc) in enumerate(curve) if acc < base), None)
-    flags = _flags(row)
+    flags = guard_flags(row)
     earliest = None if fall is None else (curve[fall - 1][0] + 1 if fall else 1)
     return {
         "below_base_version": None if fall is None else curve[fall][0],
@@ -317,8 +317,8 @@ def summary(
                 "acc_vs_sync": paired,  # held-out accuracy minus S = 0's, seed by seed, with its interval
                 "seeds_for_half_width_0.03": None if paired is None else seeds_needed(paired["diffs"], 0.03),
                 **reach.get((s, mode, adaptive, rank), {}),
-                "flagged_runs": sum(bool(_flags(r)) for r in runs),
-                "first_flag_steps": [next(iter(_flags(r)), None) for r in runs],
+                "flagged_runs": sum(bool(guard_flags(r)) for r in runs),
+                "first_flag_steps": [next(iter(guard_flags(r)), None) for r in runs],
                 **({} if base_model_acc is None else _collapses(runs, base_model_acc)),
             }
         )
@@ -441,6 +441,9 @@ def _accuracy_panel(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
         ax.fill_between(time_s, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
 
 
-def _flags(row: dict[str, Any]) -> list[int]:
-    """Steps the guard flagged: as it ran with --adaptive-staleness, else replayed at today's thresholds."""
-    return [d["step"] for d in row["guard"]] if row["adaptive"] else replayed_flags(row)
+def guard_flags(row: dict[str, Any]) -> list[int]:
+    """Steps the guard flagged: as it ran with --adaptive-staleness (its warnings and lowerings, not the raises
+    after healthy steps), else replayed at today's thresholds."""
+    if not row["adaptive"]:
+        return replayed_flags(row)
+    return [d["step"] for d in row["guard"] if d["action"] != "raise"]
