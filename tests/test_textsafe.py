@@ -70,6 +70,7 @@ def test_an_activation_line_with_hostile_names_is_one_literal_line(monkeypatch):
 def test_the_demo_summary_shows_hostile_names_as_text():
     summary = {
         "steps": 3,
+        "seed": 0,
         "wall_s": 10.0,
         "reward_start": 0.1,
         "reward_end": 0.5,
