@@ -314,6 +314,8 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
         f"B = {inp['batch']:g} rollouts/step, T_train = {inp['t_train_s']:.2f} s, T_bcast = "
         f"{inp['t_bcast_s']:.2f} s, S = {inp['staleness']}, kappa = {inp['kappa']}, gamma = {inp['gamma']:g}"
     )
+    if fleet := out.get("fleet"):
+        _render_fleet(con, fleet)
     paper = "infeasible" if out["mu_min"] is None else f"{out['mu_min']:.2f}"
     con.print(
         f"mu_min (paper's rule) {paper}  ·  mu_min_echo2 {out['mu_min_echo2']:.2f}  ·  rate bound B/T_train "
@@ -350,6 +352,32 @@ def _render_plan(out: dict[str, Any], pool: list) -> None:
         )
     for note in out["notes"]:
         con.print(f"note: {note}")
+
+
+def _render_fleet(con: Console, fleet: dict[str, Any]) -> None:
+    behind = f", {fleet['behind_nat']} behind NAT" if fleet["behind_nat"] else ""
+    behind += f", {fleet['firewalled']} firewalled" if fleet["firewalled"] else ""
+    table = Table(
+        "version", "MB", "T50 s", "T95 s", "T_bcast s", "T* s", "T_bcast / T*", "learner upload / M",
+        title=f"swarm model: {fleet['workers']} workers{behind}, learner uplink {fleet['learner_up_mbps']:g} Mbit/s",
+    )  # fmt: skip
+    for label in ("full", "delta"):
+        v = fleet[label]
+        table.add_row(
+            label,
+            f"{v['size_mb']:.0f}",
+            f"{v['t50_s']:.1f}",
+            f"{v['t95_s']:.1f}",
+            f"{v['t100_s']:.1f}",
+            f"{v['lower_bound_s']:.1f}",
+            f"{v['ratio']:.2f}",
+            f"{v['learner_upload_over_size']:.2f}",
+        )
+    con.print(table)
+    con.print(
+        f"T_bcast for the plan: the delta's 95 % time, {fleet['t_bcast_s']:.1f} s (plus each worker's swap, which a "
+        f"fleet file cannot know); it needs S >= {fleet['min_staleness']}"
+    )
 
 
 @app.command("plan-memory", epilog=ENV_NOTE)

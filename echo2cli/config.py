@@ -506,6 +506,21 @@ class PlanConfig(_Config):
         None, description="learner's own generation rate (centralized baseline)"
     )
     seed: int = Field(0, description="seed of the random-activation baseline")
+    fleet: Path | None = Field(
+        None,
+        description="fleet file: a line per worker or per COUNT alike, `[COUNTx] UP_MBPS DOWN_MBPS [nat|firewall]` "
+        "(examples/links/); predicts T_bcast with the swarm model, used unless --t-bcast is given",
+    )
+    learner_up_mbps: float = Field(10000.0, gt=0, description="with --fleet: the learner's uplink, Mbit/s")
+    version_mb: float | None = Field(
+        None, gt=0, description="with --fleet: a full version's size, MB (bf16: 2 x params)"
+    )
+    delta_ratio: float = Field(
+        0.04,
+        gt=0,
+        le=1,
+        description="with --fleet: a delta's size over a full version's (0.035-0.054 measured on the default model)",
+    )
 
 
 class MemoryConfig(_Config):

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from echo2cli.bench.netem import Fleet, Link, NetemError, namespaces_available, nat_available
@@ -61,6 +61,9 @@ class Row:
     behind: int = 0  # workers behind NAT or a firewall
     web_seed_over_size: float = 0.0  # of the learner's upload, what its web seed sent
     web_seed_workers: int = 0  # workers that fell back to the web seed
+    worker_t_s: list[float] = field(default_factory=list)  # each worker's time to the whole file, sorted
+    learner_up_mbps: float = 0.0  # the learner's uplink (0 in rows recorded before it was)
+    worker_links: list[list] = field(default_factory=list)  # [up_mbps, down_mbps, behind] per worker
 
 
 def parse_links(text: str, source: str = "--links") -> list[Link]:
@@ -169,7 +172,8 @@ def run_trial(
         fleet = stack.enter_context(Fleet(links, open_to=("learner", http_port))) if use_netns else None
         stack.callback(_close_all, procs)
         _start_nodes(procs, method, links, payload, trial_dir, fleet, http_port)
-        t_bcast, stats, done = _distribute(procs[0], procs[1:])
+        worker_times, stats, done = _distribute(procs[0], procs[1:])
+    t_bcast = max(worker_times)
     size = payload.stat().st_size
     bound = lower_bound_s(
         size,
@@ -194,6 +198,9 @@ def run_trial(
         behind=sum(1 for w in worker_links if w.behind),
         web_seed_over_size=web_seed / size,
         web_seed_workers=sum(1 for d in done if d.get("web_seed_at")),
+        worker_t_s=sorted(round(t, 2) for t in worker_times),
+        learner_up_mbps=up_mbps,
+        worker_links=[[w.up_mbps, w.down_mbps, w.behind] for w in worker_links],
     )
 
 
@@ -241,8 +248,8 @@ def _close_all(procs: list[_Proc]) -> None:
         p.close()
 
 
-def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict, list[dict]]:
-    """Every fetcher ready, then "go" to all: seconds until the last holds the whole file, the origin's upload
+def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[list[float], dict, list[dict]]:
+    """Every fetcher ready, then "go" to all: seconds until each holds the whole file, the origin's upload
     counters and each fetcher's report."""
     for f in fetchers:
         f.read()
@@ -252,7 +259,7 @@ def _distribute(origin: _Proc, fetchers: list[_Proc]) -> tuple[float, dict, list
     done = [f.read() for f in fetchers]
     time.sleep(1.5)  # libtorrent folds transfer counters into all_time_upload once a second
     origin.send("stats")
-    return max(d["t_done"] for d in done) - go, origin.read(), done
+    return [d["t_done"] - go for d in done], origin.read(), done
 
 
 def run_bench(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 import tomllib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from echo2cli.errors import ConfigError
 from echo2cli.metrics import read_metrics
 from echo2cli.plan.model import InfeasibleError as _Infeasible
 from echo2cli.plan.model import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper, plan
+from echo2cli.plan.swarm import min_staleness, parse_fleet, spread
 
 WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
 LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}
@@ -76,6 +77,9 @@ def plan_from(cfg: PlanConfig) -> Planned:
         if cfg.learner_rollouts_per_s is None
         else cfg.learner_rollouts_per_s,
     }
+    fleet = predict_fleet(cfg) if cfg.fleet is not None else None
+    if fleet is not None:
+        base["t_bcast_s"] = fleet["t_bcast_s"]
     base.update({k: v for k, v in given.items() if v is not None})
     needed = (
         ("--batch", "batch"),
@@ -94,10 +98,38 @@ def plan_from(cfg: PlanConfig) -> Planned:
             f"{inputs.kappa * inputs.t_train_s:.1f} s between versions (kappa*T_train): the learner waits on its "
             "publisher (learner/t_publish_wait_s) and every version reaches workers later"
         )
+    if fleet is not None:
+        fleet["min_staleness"] = min_staleness(fleet["t_bcast_s"], inputs.t_train_s, inputs.kappa)
+        report["fleet"] = fleet
     if measured and pool:
         predicted = bubble_ratio(inputs, pool)
         report["run"] = {**measured, "predicted_bubble": predicted, "workers": [w.name for w in pool]}
     return Planned(inputs, pool, result, report)
+
+
+def predict_fleet(cfg: PlanConfig) -> dict[str, Any]:
+    """T_bcast of a full version and of a delta over `cfg.fleet` (the swarm model), to 50 %, 95 % and all of the
+    fleet. The plan's T_bcast is the delta's 95 % time: versions after the first are fetched as deltas, and a worker
+    still fetching generates meanwhile with the version before, which S admits."""
+    assert cfg.fleet is not None
+    if cfg.version_mb is None:
+        raise ConfigError("--fleet needs --version-mb: a full version's size in MB (bf16 weights: 2 bytes a parameter)")
+    try:
+        workers = parse_fleet(Path(cfg.fleet).read_text(), str(cfg.fleet))
+    except OSError as exc:
+        raise ConfigError(f"cannot read --fleet {cfg.fleet}: {exc.strerror}") from None
+    learner_up = cfg.learner_up_mbps * 1e6 / 8
+    full = spread(cfg.version_mb * 1e6, learner_up, workers)
+    delta = spread(cfg.version_mb * 1e6 * cfg.delta_ratio, learner_up, workers)
+    return {
+        "workers": len(workers),
+        "behind_nat": sum(w.behind == "nat" for w in workers),
+        "firewalled": sum(w.behind == "firewall" for w in workers),
+        "learner_up_mbps": cfg.learner_up_mbps,
+        "full": asdict(full) | {"ratio": full.ratio, "size_mb": cfg.version_mb},
+        "delta": asdict(delta) | {"ratio": delta.ratio, "size_mb": cfg.version_mb * cfg.delta_ratio},
+        "t_bcast_s": delta.t95_s,
+    }
 
 
 def parse_mu(text: str) -> list[WorkerSpec]:
