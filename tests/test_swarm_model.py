@@ -173,3 +173,12 @@ def test_echo2_plan_with_a_fleet_predicts_t_bcast_and_the_s_it_forces(tmp_path, 
     assert slow.exit_code != 0 and "need S >= " in str(slow.exception)
     missing = CliRunner().invoke(app, ["plan", "--fleet", str(fleet), "--batch", "8", "--t-train", "1", "-S", "1"])
     assert missing.exit_code != 0 and "--version-mb" in str(missing.exception)
+
+
+def test_serving_the_furthest_behind_first_brings_a_mixed_fleet_nearer_its_bound():
+    fleet = [w(1000)] * 20 + [w(100, 500)] * 40 + [w(20, 200)] * 40
+    fair = spread(M, 10000 * MBPS, fleet, IDEAL)
+    behind = spread(M, 10000 * MBPS, fleet, IDEAL, policy="behind_first")
+    assert behind.t100_s < 0.9 * fair.t100_s
+    assert behind.ratio == pytest.approx(1.0, abs=0.05)
+    assert fair.t50_s < behind.t50_s  # the fast ones wait their turn

@@ -35,6 +35,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from echo2cli.broadcast.node import GATE_STALL_S, WEB_SEED_AFTER_S
 from echo2cli.errors import ConfigError
@@ -52,6 +53,7 @@ class Worker:
     behind: str = OPEN  # "", "nat" or "firewall"
 
 
+Policy = Literal["fair", "behind_first"]
 UNCHOKE_SLOTS = 8  # libtorrent's unchoke_slots_limit (default), which echo2 does not change
 
 
@@ -121,8 +123,18 @@ def _classes(workers: Sequence[Worker]) -> tuple[list[Worker], list[int], list[f
     return list(members), [len(g) for g in groups], [sum(widths[i] for i in g) / len(g) / total for g in groups]
 
 
-def spread(size: float, learner_up: float, workers: Sequence[Worker], constants: Constants = Constants()) -> Spread:
-    """Simulate one version of `size` bytes from a learner with uplink `learner_up` (bytes/s) to `workers`."""
+def spread(
+    size: float,
+    learner_up: float,
+    workers: Sequence[Worker],
+    constants: Constants = Constants(),
+    policy: Policy = "fair",
+) -> Spread:
+    """Simulate one version of `size` bytes from a learner with uplink `learner_up` (bytes/s) to `workers`.
+
+    `policy`: how a worker's uplink is split among the peers asking it. "fair": in proportion to what they ask,
+    as TCP shares an uplink among libtorrent's unchoked connections (echo2 today). "behind_first": the peers
+    that need the longest at their own downlink to finish are served first (a proposal: docs/BENCHMARKS.md)."""
     if size <= 0 or learner_up <= 0 or not workers:
         raise ConfigError("a broadcast needs a positive size, a positive learner uplink and at least one worker")
     if any(w.up <= 0 or w.down <= 0 or w.behind not in (OPEN, NAT, FIREWALL) for w in workers):
@@ -188,7 +200,12 @@ def spread(size: float, learner_up: float, workers: Sequence[Worker], constants:
             else max(0.0, min(rest[i], (union[kinds[i].behind] - have[i]) * size))
             for i in range(c)
         ]
-        got_p = _exchange(reach, count, have, ask, [eta * k.up * dt for k in kinds])
+        up = [eta * k.up * dt for k in kinds]
+        if policy == "behind_first":
+            behind = sorted(range(c), key=lambda i: -(1.0 - have[i]) / kinds[i].down)
+            got_p = _serve_in_order(reach, count, have, ask, up, behind)
+        else:
+            got_p = _exchange(reach, count, have, ask, up)
 
         for i in range(c):
             if done_at[i] is not None:
@@ -293,6 +310,26 @@ def _reach(kinds: list[Worker], count: list[int]) -> list[list[int]]:
         ]
         for j in range(c)
     ]
+
+
+def _serve_in_order(
+    reach: list[list[int]], count: list[int], have: list[float], ask: list[float], up: list[float], order: list[int]
+) -> list[float]:
+    """Like `_exchange`, but the classes in `order` are served one after the other, each as much as it asks of
+    the uploads that reach it (taken from each uploader in proportion to what it has left)."""
+    c = len(count)
+    supply = [up[j] * count[j] if have[j] > 0 else 0.0 for j in range(c)]
+    got = [0.0] * c
+    for i in order:
+        senders = [j for j in range(c) if i in reach[j] and supply[j] > 0]
+        available = sum(supply[j] for j in senders)
+        take = min(ask[i] * count[i], available)
+        if take <= 0:
+            continue
+        for j in senders:
+            supply[j] -= take * supply[j] / available
+        got[i] = take
+    return [g / n for g, n in zip(got, count, strict=True)]
 
 
 def _exchange(
