@@ -104,6 +104,7 @@ def validate(rows: list[dict], constants: Constants, con: Console) -> list[float
             f"{error:+.1%}",
             f"{median:.1f}" if median else "-",
             f"{got.t50_s:.1f}",
+            f"{row['learner_upload_over_size']:.2f} / {got.learner_upload_over_size:.2f}",
         )
     con.print(table)
     if errors:
@@ -137,7 +138,28 @@ def project(constants: Constants, con: Console) -> dict:
                     f"{got.learner_upload_over_size:.2f}",
                 )
     con.print(table)
+    proposal = Table("fleet", "version", "N", "T95 s, fair", "behind first", "T_bcast / T*, fair", "behind first")
+    for fleet, spec in FLEETS.items():
+        for label, size in SIZES:
+            workers = fleet_of(spec, 1024)
+            fair = out[(fleet, label, 1024)]
+            behind = spread(size, learner_up, workers, constants, policy="behind_first")
+            row = (f"{fair.t95_s:.1f}", f"{behind.t95_s:.1f}", f"{fair.ratio:.2f}", f"{behind.ratio:.2f}")
+            proposal.add_row(fleet, label, "1024", *row)
+    for name in ("mixed.txt", "half-nat.txt"):
+        workers = [Worker(up * MBPS, down * MBPS, behind) for up, down, behind in _links(name)]
+        size = 50e6 if name == "mixed.txt" else 269e6
+        fair, behind = (spread(size, 100 * MBPS, workers, constants, policy=p) for p in ("fair", "behind_first"))
+        row = (f"{fair.t95_s:.1f}", f"{behind.t95_s:.1f}", f"{fair.ratio:.2f}", f"{behind.ratio:.2f}")
+        proposal.add_row(f"examples/links/{name}", f"{size / 1e6:.0f} MB", str(len(workers)), *row)
+    con.print(proposal)
     return out
+
+
+def _links(name: str) -> list[tuple[float, float, str]]:
+    from echo2cli.bench.broadcast import parse_links
+
+    return [(w.up_mbps, w.down_mbps, w.behind) for w in parse_links((ROOT / "examples" / "links" / name).read_text())]
 
 
 def plot(projected: dict, path: Path) -> None:
@@ -174,6 +196,9 @@ def main() -> None:
         calibration = [as_run(r) for r in rows if r["trial"] in CALIBRATION]
         constants = fit(calibration)
         con.print(f"fitted on {len(calibration)} runs: {constants}")
+        for r in calibration:
+            model = spread(r.size, r.learner_up, r.workers, constants).t100_s
+            con.print(f"  N = {len(r.workers)}: measured {r.t_bcast_s:.1f} s, model {model:.1f} s")
         validate(rows, constants, con)
         projected = project(constants, con)
         if args.plot:

@@ -182,3 +182,12 @@ def test_serving_the_furthest_behind_first_brings_a_mixed_fleet_nearer_its_bound
     assert behind.t100_s < 0.9 * fair.t100_s
     assert behind.ratio == pytest.approx(1.0, abs=0.05)
     assert fair.t50_s < behind.t50_s  # the fast ones wait their turn
+
+
+def test_the_example_fleet_and_every_links_file_are_fleet_files():
+    from pathlib import Path
+
+    examples = Path(__file__).parent.parent / "examples"
+    assert len(parse_fleet((examples / "fleet-mixed-1024.txt").read_text())) == 1024
+    for path in (examples / "links").glob("*.txt"):
+        assert parse_fleet(path.read_text(), str(path))

@@ -59,9 +59,10 @@ UNCHOKE_SLOTS = 8  # libtorrent's unchoke_slots_limit (default), which echo2 doe
 
 @dataclass(frozen=True)
 class Constants:
-    eta: float = 0.93  # the fraction of a link's rate one connection gets
-    beta: float = 0.0  # the loss per further busy connection
-    start_s: float = 0.6  # "go" -> the first byte moves
+    # fitted on 6 runs of `echo2 bench broadcast` at N = 2, 4, 8 (scripts/bench_swarm_model.py, docs/BENCHMARKS.md)
+    eta: float = 0.97  # the fraction of a link's rate one connection gets
+    beta: float = 0.02  # the loss per further busy connection
+    start_s: float = 0.25  # "go" -> the first byte moves
 
     def efficiency(self, connections: int) -> float:
         return self.eta / (1.0 + self.beta * (min(connections, UNCHOKE_SLOTS) - 1))
