@@ -20,9 +20,9 @@ each step:
   echo2 leaves as it is), so the learner serves at most 8 takers at once and the rest wait their turn: its
   uplink is time-shared, and to workers with downlinks below U/8 it cannot be filled.
 - **Efficiency.** Every rate is its link's times eta / (1 + beta (k - 1)), k = min(N, UNCHOKE_SLOTS) the
-  connections a node keeps busy at once (measured: the worker-to-worker phase ran at 94 % of the link rate at
-  N = 2 and 83 % at N = 8), and nothing moves before **start_s** (tracker announce, connections, the first
-  request round trip). eta, beta and start_s are fitted on real runs (`fit`).
+  connections a node keeps busy at once (as fitted: 95 % of the link rate at N = 2, 85 % from N = 8 on), and
+  nothing moves before **start_s** (tracker announce, connections, the first request round trip). eta, beta and
+  start_s are fitted on real runs (`fit`).
 
 What it leaves out, on purpose: piece granularity (a piece is passed on only once whole: with ~512 pieces a
 version's pipeline delay is a few pieces' time), end-game, connection limits (libtorrent keeps up to 200 peers a
@@ -43,7 +43,7 @@ from echo2cli.learner.fleet import MAX_WORKERS, share_widths
 
 OPEN, NAT, FIREWALL = "", "nat", "firewall"
 MAX_CLASSES = 32  # more distinct links than this are binned (`_classes`)
-STEPS = 600  # time steps per lower bound T*: the error this adds is below 1 %
+STEPS = 600  # time steps per lower bound T*: within 0.3 % of 6,000 steps on the fleets of the docs
 
 
 @dataclass(frozen=True)
@@ -140,106 +140,120 @@ def spread(
         raise ConfigError("a broadcast needs a positive size, a positive learner uplink and at least one worker")
     if any(w.up <= 0 or w.down <= 0 or w.behind not in (OPEN, NAT, FIREWALL) for w in workers):
         raise ConfigError("every worker needs positive up- and downlinks and is behind nothing, nat or firewall")
-    kinds, count, share = _classes(workers)
-    c = len(kinds)
-    eta = constants.efficiency(len(workers))
-    n_open = sum(n for k, n in zip(kinds, count, strict=True) if k.behind == OPEN)
-    n_trading = sum(n for k, n in zip(kinds, count, strict=True) if k.behind != FIREWALL)
     bound = lower_bound_s(size, learner_up, workers)
-    reach = _reach(kinds, count)
-    dt = bound / STEPS
-    # state per class, per worker, in fractions of the version
-    have = [0.0] * c
-    own = [0.0] * c  # of its own share
-    for_good = [False] * c  # takes from the learner again, for good
-    idle_since = [0.0] * c
-    web_seed = [False] * c
-    done_at: list[float | None] = [None] * c
-    from_learner = [0.0] * c  # sent to the class (each worker), fractions; for the unions below
-    sent = web = 0.0
-    t = 0.0
-
-    def peers_for(i: int) -> int:
-        """How many other workers a worker of class i can trade with."""
-        kind = kinds[i].behind
-        if kind == FIREWALL:
-            return 0
-        if kind == NAT:
-            return n_open
-        return n_trading - 1
-
-    while any(d is None for d in done_at):
-        if t > 200 * bound + WEB_SEED_AFTER_S + GATE_STALL_S:
+    swarm = _Swarm(size, learner_up, workers, constants.efficiency(len(workers)), dt=bound / STEPS)
+    while not swarm.done():
+        if swarm.t > 200 * bound + WEB_SEED_AFTER_S + GATE_STALL_S:
             raise RuntimeError("the swarm model did not converge")  # a bug, not a fleet: every fleet converges
-        # content that exists among the peers a worker reaches: the learner's deliveries to reachable workers, and
-        # what NAT'd workers got, as far as reachable ones copied it (independently: 1 - prod (1 - have)^n)
-        from_open = min(1.0, sum(from_learner[i] * count[i] for i in range(c) if kinds[i].behind == OPEN))
-        from_nat = min(1.0 - from_open, sum(from_learner[i] * count[i] for i in range(c) if kinds[i].behind == NAT))
-        copied = 1.0 - math.prod((1.0 - have[i]) ** count[i] for i in range(c) if kinds[i].behind == OPEN)
-        union = {OPEN: from_open + from_nat, NAT: from_open + from_nat * copied, FIREWALL: 0.0}
-
-        # the learner: equal shares among its takers, each up to its downlink and what it still wants from it
-        want = [0.0] * c
-        for i, k in enumerate(kinds):
-            if done_at[i] is not None:
-                continue
-            if k.behind == FIREWALL:
-                want[i] = 1.0 - have[i] if web_seed[i] else 0.0
-            elif own[i] < share[i]:
-                want[i] = share[i] - own[i]
-            elif for_good[i] or peers_for(i) == 0:
-                want[i] = 1.0 - have[i]
-        takers = sum(n for w, n in zip(want, count, strict=True) if w > 0)
-        turn = min(1.0, UNCHOKE_SLOTS / takers) if takers else 0.0  # the share of the time a taker is unchoked
-        cap = [min(turn * eta * kinds[i].down * dt, want[i] * size) for i in range(c)]
-        got_l = _water_fill(eta * learner_up * dt, cap, count)
-        # the peers: each class's uplink split among the classes it reaches, by what they ask
-        rest = [eta * kinds[i].down * dt - got_l[i] for i in range(c)]
-        ask = [
-            0.0
-            if done_at[i] is not None or kinds[i].behind == FIREWALL
-            else max(0.0, min(rest[i], (union[kinds[i].behind] - have[i]) * size))
-            for i in range(c)
-        ]
-        up = [eta * k.up * dt for k in kinds]
-        if policy == "behind_first":
-            behind = sorted(range(c), key=lambda i: -(1.0 - have[i]) / kinds[i].down)
-            got_p = _serve_in_order(reach, count, have, ask, up, behind)
-        else:
-            got_p = _exchange(reach, count, have, ask, up)
-
-        for i in range(c):
-            if done_at[i] is not None:
-                continue
-            got = (got_l[i] + got_p[i]) / size
-            if kinds[i].behind != FIREWALL and own[i] < share[i]:
-                own[i] = own[i] + got_l[i] / size
-                own[i] = share[i] if own[i] >= share[i] * (1 - 1e-9) else own[i]  # no sliver left by rounding
-            from_learner[i] += got_l[i] / size
-            have[i] = min(1.0, have[i] + got)
-            if got > 1e-12:
-                idle_since[i] = t + dt
-            stalled = t + dt - idle_since[i]
-            if kinds[i].behind == FIREWALL and stalled >= WEB_SEED_AFTER_S:
-                web_seed[i] = True
-            elif kinds[i].behind != FIREWALL and own[i] >= share[i] and stalled >= GATE_STALL_S:
-                for_good[i] = True
-            if have[i] >= 1.0 - 1e-9:
-                done_at[i] = t + dt
-        sent += sum(g * n for g, n in zip(got_l, count, strict=True))
-        web += sum(g * n for g, n, k in zip(got_l, count, kinds, strict=True) if k.behind == FIREWALL)
-        t += dt
-
-    times = sorted((d + constants.start_s, n) for d, n in zip(done_at, count, strict=True) if d is not None)
+        swarm.step(policy)
+    times = sorted((d + constants.start_s, n) for d, n in zip(swarm.done_at, swarm.count, strict=True) if d is not None)
     return Spread(
         t50_s=_quantile(times, 0.5),
         t95_s=_quantile(times, 0.95),
         t100_s=times[-1][0],
         lower_bound_s=bound,
-        learner_upload_over_size=sent / size,
-        web_seed_over_size=web / size,
-        classes=c,
+        learner_upload_over_size=swarm.sent / size,
+        web_seed_over_size=swarm.web / size,
+        classes=len(swarm.kinds),
     )
+
+
+class _Swarm:
+    """The state of a broadcast in progress: per class, per worker, in fractions of the version."""
+
+    def __init__(self, size: float, learner_up: float, workers: Sequence[Worker], eta: float, dt: float) -> None:
+        self.size, self.learner_up, self.eta, self.dt = size, learner_up, eta, dt
+        self.kinds, self.count, self.share = _classes(workers)
+        self.reach = _reach(self.kinds, self.count)
+        c = len(self.kinds)
+        self.have = [0.0] * c
+        self.own = [0.0] * c  # of its own share
+        self.for_good = [False] * c  # takes from the learner again, for good
+        self.idle_since = [0.0] * c
+        self.web_seed = [False] * c
+        self.done_at: list[float | None] = [None] * c
+        self.from_learner = [0.0] * c  # what the learner sent each worker of the class
+        self.sent = self.web = self.t = 0.0  # the learner's upload and its web seed's, bytes; seconds
+        n_open = sum(n for k, n in zip(self.kinds, self.count, strict=True) if k.behind == OPEN)
+        n_trading = sum(n for k, n in zip(self.kinds, self.count, strict=True) if k.behind != FIREWALL)
+        self.peers = [{OPEN: n_trading - 1, NAT: n_open, FIREWALL: 0}[k.behind] for k in self.kinds]
+
+    def done(self) -> bool:
+        return all(d is not None for d in self.done_at)
+
+    def step(self, policy: Policy) -> None:
+        c, dt, size = len(self.kinds), self.dt, self.size
+        from_learner = self._learner()
+        rest = [self.eta * self.kinds[i].down * dt - from_learner[i] for i in range(c)]
+        union = self._union()
+        ask = [
+            0.0
+            if self.done_at[i] is not None or self.kinds[i].behind == FIREWALL
+            else max(0.0, min(rest[i], (union[self.kinds[i].behind] - self.have[i]) * size))
+            for i in range(c)
+        ]
+        up = [self.eta * k.up * dt for k in self.kinds]
+        if policy == "behind_first":
+            behind = sorted(range(c), key=lambda i: -(1.0 - self.have[i]) / self.kinds[i].down)
+            from_peers = _serve_in_order(self.reach, self.count, self.have, ask, up, behind)
+        else:
+            from_peers = _exchange(self.reach, self.count, self.have, ask, up)
+        self._advance(from_learner, from_peers)
+
+    def _union(self) -> dict[str, float]:
+        """The content that exists among the peers a worker reaches, by the kind of worker: what the learner sent
+        reachable workers, plus what it sent NAT'd ones as far as reachable ones copied it (independently:
+        1 - prod (1 - have)^n over the reachable)."""
+        c, kinds, count = len(self.kinds), self.kinds, self.count
+        from_open = min(1.0, sum(self.from_learner[i] * count[i] for i in range(c) if kinds[i].behind == OPEN))
+        from_nat = sum(self.from_learner[i] * count[i] for i in range(c) if kinds[i].behind == NAT)
+        from_nat = min(1.0 - from_open, from_nat)
+        copied = 1.0 - math.prod((1.0 - self.have[i]) ** count[i] for i in range(c) if kinds[i].behind == OPEN)
+        return {OPEN: from_open + from_nat, NAT: from_open + from_nat * copied, FIREWALL: 0.0}
+
+    def _learner(self) -> list[float]:
+        """Bytes the learner sends each worker of each class in this step: an equal share among its takers, each up
+        to its downlink (while it is unchoked: UNCHOKE_SLOTS at a time) and what it still wants from the learner."""
+        want = [0.0] * len(self.kinds)
+        for i, k in enumerate(self.kinds):
+            if self.done_at[i] is not None:
+                continue
+            if k.behind == FIREWALL:
+                want[i] = 1.0 - self.have[i] if self.web_seed[i] else 0.0
+            elif self.own[i] < self.share[i]:
+                want[i] = self.share[i] - self.own[i]
+            elif self.for_good[i] or self.peers[i] == 0:
+                want[i] = 1.0 - self.have[i]
+        takers = sum(n for w, n in zip(want, self.count, strict=True) if w > 0)
+        turn = min(1.0, UNCHOKE_SLOTS / takers) if takers else 0.0  # the share of the time a taker is unchoked
+        cap = [min(turn * self.eta * k.down * self.dt, w * self.size) for k, w in zip(self.kinds, want, strict=True)]
+        return _water_fill(self.eta * self.learner_up * self.dt, cap, self.count)
+
+    def _advance(self, from_learner: list[float], from_peers: list[float]) -> None:
+        """Take this step's bytes in; start the web seed, or take from the learner again, where a download stalled."""
+        t = self.t + self.dt
+        for i, kind in enumerate(self.kinds):
+            if self.done_at[i] is not None:
+                continue
+            got = (from_learner[i] + from_peers[i]) / self.size
+            if kind.behind != FIREWALL and self.own[i] < self.share[i]:
+                own = self.own[i] + from_learner[i] / self.size
+                self.own[i] = self.share[i] if own >= self.share[i] * (1 - 1e-9) else own  # no sliver from rounding
+            self.from_learner[i] += from_learner[i] / self.size
+            self.have[i] = min(1.0, self.have[i] + got)
+            if got > 1e-12:
+                self.idle_since[i] = t
+            stalled = t - self.idle_since[i]
+            if kind.behind == FIREWALL and stalled >= WEB_SEED_AFTER_S:
+                self.web_seed[i] = True
+            elif kind.behind != FIREWALL and self.own[i] >= self.share[i] and stalled >= GATE_STALL_S:
+                self.for_good[i] = True
+            if self.have[i] >= 1.0 - 1e-9:
+                self.done_at[i] = t
+        self.sent += sum(g * n for g, n in zip(from_learner, self.count, strict=True))
+        walled = zip(from_learner, self.count, self.kinds, strict=True)
+        self.web += sum(g * n for g, n, k in walled if k.behind == FIREWALL)
+        self.t = t
 
 
 def min_staleness(t_bcast_s: float, t_train_s: float, kappa: int = 1) -> int:
