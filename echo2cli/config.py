@@ -509,11 +509,11 @@ class PlanConfig(_Config):
     fleet: Path | None = Field(
         None,
         description="fleet file: a line per worker or per COUNT alike, `[COUNTx] UP_MBPS DOWN_MBPS [nat|firewall]` "
-        "(examples/links/); predicts T_bcast with the swarm model, used unless --t-bcast is given",
+        "(examples/fleet-mixed-1024.txt); predicts T_bcast with the swarm model, used unless --t-bcast is given",
     )
     learner_up_mbps: float = Field(10000.0, gt=0, description="with --fleet: the learner's uplink, Mbit/s")
     version_mb: float | None = Field(
-        None, gt=0, description="with --fleet: a full version's size, MB (bf16: 2 x params)"
+        None, gt=0, description="with --fleet: a full version's size, MB (bf16: 2 bytes a parameter)"
     )
     delta_ratio: float = Field(
         0.04,
