@@ -7,6 +7,7 @@ import json
 import pytest
 
 from echo2cli.errors import ConfigError
+from echo2cli.plan.model import min_staleness
 from echo2cli.plan.swarm import (
     FIREWALL,
     MAX_CLASSES,
@@ -18,7 +19,6 @@ from echo2cli.plan.swarm import (
     _exchange,
     _reach,
     fit,
-    min_staleness,
     parse_fleet,
     spread,
 )

@@ -34,8 +34,17 @@ from echo2cli.config import PlanConfig
 from echo2cli.errors import ConfigError
 from echo2cli.metrics import read_metrics
 from echo2cli.plan.model import InfeasibleError as _Infeasible
-from echo2cli.plan.model import PlanInputs, PlanResult, WorkerSpec, bubble_ratio, mu_min_echo2, mu_min_paper, plan
-from echo2cli.plan.swarm import min_staleness, parse_fleet, spread
+from echo2cli.plan.model import (
+    PlanInputs,
+    PlanResult,
+    WorkerSpec,
+    bubble_ratio,
+    min_staleness,
+    mu_min_echo2,
+    mu_min_paper,
+    plan,
+)
+from echo2cli.plan.swarm import parse_fleet, spread
 
 WORKER_KEYS = {"name", "usd_per_hour", "rollouts_per_s", "count", "lease_rollouts", "up_mbps", "down_mbps"}
 LEARNER_KEYS = {"usd_per_hour", "rollouts_per_s"}

@@ -192,13 +192,18 @@ def bubble_ratio(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     return 1.0 - inp.t_train_s / step_time(inp, pool) if pool else 1.0
 
 
+def min_staleness(t_bcast_s: float, t_train_s: float, kappa: int = 1) -> int:
+    """The smallest S at which the learner need not wait for versions to spread: S_e * T > T_b (`mu_min_echo2`)."""
+    return kappa + math.floor(t_bcast_s / t_train_s)
+
+
 def mu_min_echo2(inp: PlanInputs, pool: list[WorkerSpec]) -> float:
     """The throughput at which `pool`, sped up or slowed down as a whole, just stops the bubble:
     max(B/T, X/(S_e*T - T_b)) with X = t_gen * mu (independent of the speed-up).
     Example: B=64, T=10, T_b=1, S=2, 4 workers, q=32: X = 128, mu_min = max(6.4, 128/19) = 6.74."""
     window = inp.s_eff * inp.t_train_s - inp.t_bcast_s
     if window <= 0:
-        s_ok = inp.kappa + math.floor(inp.t_bcast_s / inp.t_train_s)
+        s_ok = min_staleness(inp.t_bcast_s, inp.t_train_s, inp.kappa)
         raise InfeasibleError(
             f"S_e*T_train = {inp.s_eff}*{inp.t_train_s:g} s <= T_bcast = {inp.t_bcast_s:g} s: the learner waits "
             f"at any throughput; need S >= {s_ok} or T_bcast < {inp.s_eff * inp.t_train_s:g} s"

@@ -86,11 +86,11 @@ class Spread:
 
 
 def lower_bound_s(size: float, learner_up: float, workers: Sequence[Worker]) -> float:
-    """T* = max(M/U, M/min d, N M/(U + sum u)): no broadcast of M bytes over these links is faster."""
-    n = len(workers)
-    return max(
-        size / learner_up, size / min(w.down for w in workers), n * size / (learner_up + sum(w.up for w in workers))
-    )
+    """T* of `echo2 bench broadcast` (`bench.broadcast.lower_bound_s`): no broadcast of M bytes over these links is
+    faster."""
+    from echo2cli.bench.broadcast import lower_bound_s as bound
+
+    return bound(size, len(workers), learner_up, [w.down for w in workers], [w.up for w in workers])
 
 
 def _classes(workers: Sequence[Worker]) -> tuple[list[Worker], list[int], list[float]]:
@@ -254,11 +254,6 @@ class _Swarm:
         walled = zip(from_learner, self.count, self.kinds, strict=True)
         self.web += sum(g * n for g, n, k in walled if k.behind == FIREWALL)
         self.t = t
-
-
-def min_staleness(t_bcast_s: float, t_train_s: float, kappa: int = 1) -> int:
-    """The smallest S at which the learner need not wait for versions to spread (`model.mu_min_echo2`)."""
-    return kappa + math.floor(t_bcast_s / t_train_s)
 
 
 def parse_fleet(text: str, source: str = "--fleet") -> list[Worker]:
