@@ -89,7 +89,7 @@ def parse_links(text: str, source: str = "--links") -> list[Link]:
     return links
 
 
-def lower_bound_s(size: int, n: int, up: float, downs: list[float], ups: list[float]) -> float:
+def lower_bound_s(size: float, n: int, up: float, downs: list[float], ups: list[float]) -> float:
     """T* in seconds; rates in bytes/s."""
     return max(size / up, size / min(downs), n * size / (up + sum(ups)))
 
