@@ -205,6 +205,15 @@ def export_times(trainer) -> dict[str, float]:
     return out
 
 
+def report(out: dict, path: str | None) -> None:
+    """One result as a JSON line on stdout and, with `path`, appended to that file."""
+    line = json.dumps(out)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 def main(a: argparse.Namespace) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sharded = "LOCAL_RANK" in os.environ
@@ -261,8 +270,6 @@ def main(a: argparse.Namespace) -> None:
         out["plan_gib"] = round(planned_gib(a, world), 2)
     if a.logp_error:
         out |= logp_error(trainer, batch(a, 0, vocab))
-    if a.profile:
-        out |= profiled_step(trainer, batch(a, a.steps, vocab), a.profile, device)
     if a.export:
         out |= export_times(trainer)
     if a.checkpoint:
@@ -275,12 +282,10 @@ def main(a: argparse.Namespace) -> None:
         out["checkpoint_s"] = round(time.perf_counter() - t, 2)
         out["checkpoint_gib"] = round(sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) / 2**30, 2)
         shutil.rmtree(target, ignore_errors=True)
+    report(out, a.json)
+    if a.profile:  # last, and reported apart: a profile that outlasts the run's time limit loses nothing else
+        report({"shape": a.shape, "profile": profiled_step(trainer, batch(a, a.steps, vocab), a.profile, device)}, None)
     trainer.close()
-    line = json.dumps(out)
-    print(line, flush=True)
-    if a.json:
-        with open(a.json, "a") as f:
-            f.write(line + "\n")
     if sharded:
         from echo2cli.learner.sharded import leave
 

@@ -182,12 +182,16 @@ def main(a: argparse.Namespace) -> None:
     cores = [int(c) for c in a.cores.split(",")]
     if max(cores) > len(os.sched_getaffinity(0)):
         sys.exit(f"--cores {a.cores}: this machine lets this process use {len(os.sched_getaffinity(0))} cores")
+    from echo2cli.broadcast.kernels import COMPILED
+
+    coder = "compiled loops (numba)" if COMPILED else "numpy (numba does not import here: the slower definitions)"
     with tempfile.TemporaryDirectory(prefix="echo2-publish-", dir=a.dir) as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
         build(a.shape, root)
         size = (root / "v2" / "model.safetensors").stat().st_size
         print(f"shape {a.shape}: {size / 1e9:.2f} GB per bf16 version (built in {time.perf_counter() - t0:.0f} s)")
+        print(f"delta coder: {coder}")
         runs: dict[int, list[dict[str, float]]] = {c: [] for c in cores}
         for _ in range(a.repeats):  # the core counts interleaved, so a noisy spell hits them alike
             for c in cores:
@@ -209,7 +213,7 @@ def main(a: argparse.Namespace) -> None:
         print(f"{c} cores: publish {r['publish']:.2f} s = {cache:.2f} x the bound's speed into the page cache, "
               f"{disk:.2f} x to the disk")  # fmt: skip
     if a.json:
-        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "cores": results, "runs": runs}, indent=1))
+        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "delta_coder": coder, "cores": results, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
