@@ -6,10 +6,11 @@ on a randomly initialised Qwen3-shaped model built from its config on the device
         [--steps 3] [--lora] [--compile] [--export] [--checkpoint DIR] [--profile FILE] [--json FILE]
     torchrun --nproc-per-node N scripts/bench_learner_gpu.py ...      # the sharded trainer (FSDP2, NCCL on CUDA)
 
-MFU = 6 N tokens / step time / peak, with N the parameters (a tied head counted once), tokens = every completion
-token plus each group's prompt once (a packed micro-batch runs a shared prompt once), and peak the device's dense
-bf16 rate (989 TFLOP/s for an H100/H200 by the datasheet; `--peak-tflops`). `--variable` draws completion lengths
-uniformly from [completion/8, 2 x completion - completion/8] (the same mean): packing should keep tokens/s.
+MFU = 6 N x tokens/s / peak, with N the parameters (a tied head counted once), tokens/s the median of the steps'
+own rates (tokens = every completion token plus each group's prompt once: a packed micro-batch runs a shared prompt
+once), and peak the device's dense bf16 rate (989 TFLOP/s for an H100/H200 by the datasheet; `--peak-tflops`).
+`--variable` draws completion lengths uniformly from [completion/8, 2 x completion - completion/8] (the same mean):
+packing should keep tokens/s.
 The first step is a warm-up; step time is the median of the rest. Runs on CPU too (`--shape tiny`), for a dry run.
 `--profile FILE` runs one more step under torch.profiler: the kernels' device time by kind (matmuls, attention,
 fused/elementwise, optimizer, copies), the device's busy share of the step, and the top kernels into FILE.
@@ -250,7 +251,8 @@ def main(a: argparse.Namespace) -> None:
         )  # noqa: E501
         print(f"step {step}: {times[-1]:.2f} s, loss {metrics['train/loss']:.4f}", flush=True)
     step_s = statistics.median(times[1:] or times)
-    tok = statistics.median(tokens[1:] or tokens)
+    # each step's own rate: with --variable the steps carry different numbers of tokens
+    rate = statistics.median([n / t for n, t in zip(tokens, times, strict=True)][1:] or [tokens[0] / times[0]])
     out = {
         "shape": a.shape, "params": params, "ranks": world, "sharded": sharded, "lora": a.lora,
         "variable": a.variable, "micro_batch_tokens": a.micro_batch_tokens,
@@ -258,7 +260,7 @@ def main(a: argparse.Namespace) -> None:
         "sequences": a.groups * a.group_size, "prompt_tokens": a.prompt_tokens,
         "completion_tokens": a.completion_tokens, "start_s": round(t_start, 2),
         "step_s": round(step_s, 3), "steps_s": [round(t, 3) for t in times],
-        "tokens_per_s": round(tok / step_s), "mfu": round(6 * params * tok / step_s / (a.peak_tflops * 1e12), 4),
+        "tokens_per_s": round(rate), "mfu": round(6 * params * rate / (a.peak_tflops * 1e12), 4),
         "device": torch.cuda.get_device_name(device) if device is not None else "cpu",
         "torch": torch.__version__, "baseline_trainer": "model" not in inspect.signature(Trainer.__init__).parameters,
         "attention": attention_kernel(device), "compile": a.compile,

@@ -213,7 +213,8 @@ def main(a: argparse.Namespace) -> None:
         print(f"{c} cores: publish {r['publish']:.2f} s = {cache:.2f} x the bound's speed into the page cache, "
               f"{disk:.2f} x to the disk")  # fmt: skip
     if a.json:
-        Path(a.json).write_text(json.dumps({"shape": a.shape, "bytes": size, "delta_coder": coder, "cores": results, "runs": runs}, indent=1))
+        figures = {"shape": a.shape, "bytes": size, "delta_coder": coder, "cores": results, "runs": runs}
+        Path(a.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
