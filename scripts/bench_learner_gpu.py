@@ -251,8 +251,8 @@ def main(a: argparse.Namespace) -> None:
         )  # noqa: E501
         print(f"step {step}: {times[-1]:.2f} s, loss {metrics['train/loss']:.4f}", flush=True)
     step_s = statistics.median(times[1:] or times)
-    # each step's own rate: with --variable the steps carry different numbers of tokens
-    rate = statistics.median([n / t for n, t in zip(tokens, times, strict=True)][1:] or [tokens[0] / times[0]])
+    rates = [n / t for n, t in zip(tokens, times, strict=True)]  # each step's own: --variable steps differ in tokens
+    rate = statistics.median(rates[1:] or rates)
     out = {
         "shape": a.shape, "params": params, "ranks": world, "sharded": sharded, "lora": a.lora,
         "variable": a.variable, "micro_batch_tokens": a.micro_batch_tokens,
