@@ -76,12 +76,22 @@ def rank0_pid(out: Path, since: float) -> int | None:
     return pid if isinstance(pid, int) and pid > 0 else None
 
 
-def wait_for_learner(proc: subprocess.Popen, out: Path, log: Path, timeout_s: float = 600) -> dict[str, Any]:
-    """The learner's `learner.json` once it serves; an Echo2Error naming the log if it exits or takes too long."""
+def wait_for_learner(
+    proc: subprocess.Popen, out: Path, log: Path, timeout_s: float = 600, started: float | None = None
+) -> dict[str, Any]:
+    """The learner's `learner.json` once it serves; an Echo2Error naming the log if it exits or takes too long.
+
+    Only a file written at or after `started` (default: now; a learner needs seconds to start before it writes
+    it) counts: a learner killed earlier in the same `out` leaves its file behind, naming a dead port."""
+    started = time.time() if started is None else started
+    path = out / LEARNER_FILE
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if (out / LEARNER_FILE).exists():
-            return dict(json.loads((out / LEARNER_FILE).read_text()))
+        try:
+            if path.stat().st_mtime >= started:
+                return dict(json.loads(path.read_text()))
+        except (FileNotFoundError, ValueError):
+            pass  # not written yet, or (a writer without announce_learner) half written
         if proc.poll() is not None:
             raise Echo2Error(f"learner exited with code {proc.returncode}: see {log}")
         time.sleep(0.2)

@@ -1,5 +1,7 @@
 """`echo2 bench staleness`: the settings it runs, and how rows become the summary (pure parts)."""
 
+import json
+
 import pytest
 
 from echo2cli.bench.staleness import bucket_means, run_name, settings, summary
@@ -193,3 +195,28 @@ def test_collapse_finds_the_first_version_below_base_and_the_guards_lead_on_it()
     adaptive = row(16, 0, 0.5, 50) | {"adaptive": True, "guard": guard}
     assert summary([adaptive])[0]["first_flag_steps"] == [2] and summary([adaptive])[0]["flagged_runs"] == 1
     assert collapse(adaptive | {"guard": guard[1:2]}, base=0.3)["first_flag_step"] is None  # a raise is no flag
+
+
+def test_a_rerun_skips_finished_settings_and_starts_an_interrupted_one_afresh(tmp_path, monkeypatch):
+    from echo2cli.bench import staleness
+
+    cfg = BenchStalenessConfig(staleness="0,4", seeds=1, out_dir=tmp_path)
+    done, interrupted = (run_name(s) for s in settings(cfg))
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"name": done}) + "\n")
+    (tmp_path / interrupted).mkdir()
+    (tmp_path / interrupted / "learner.json").write_text("{}")  # the killed run's, naming a dead port
+    (tmp_path / interrupted / "decisions.jsonl").write_text("{}\n")
+    trained = []
+
+    def train(cfg, setting, out):
+        trained.append((run_name(setting), sorted(p.name for p in out.iterdir()) if out.exists() else []))
+        return 1.0
+
+    monkeypatch.setattr(staleness, "prepare_default_model", lambda: None)
+    monkeypatch.setattr(staleness, "base_accuracy", lambda cfg: 0.5)
+    monkeypatch.setattr(staleness, "train", train)
+    monkeypatch.setattr(staleness, "evaluate_run", lambda cfg, out: {})
+    monkeypatch.setattr(staleness, "row_of", lambda setting, out, wall, ev: {"name": run_name(setting)})
+    rows = staleness.run_bench(cfg, on_row=lambda row: None)
+    assert [r["name"] for r in rows] == [done, interrupted]
+    assert trained == [(interrupted, [])]  # nothing of the interrupted run is left for the new one to read

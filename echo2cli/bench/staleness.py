@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -223,6 +224,9 @@ def run_bench(
             rows.append(done[name])
             continue
         out = cfg.out_dir / name
+        shutil.rmtree(
+            out, ignore_errors=True
+        )  # an interrupted run's files (its learner.json, decisions) are not this run's
         on_start(f"[{i}/{len(todo)}] {name}: training {cfg.steps} steps, then eval (logs in {out / 'logs'})")
         wall = train(cfg, setting, out)
         row = row_of(setting, out, wall, evaluate_run(cfg, out))
@@ -236,8 +240,6 @@ def run_bench(
 
 def _prune(out: Path) -> None:
     """Keep metrics, decisions and logs; the versions, worker copies and checkpoints are ~1 GB a run."""
-    import shutil
-
     for name in ("versions", "workers", "checkpoints"):
         shutil.rmtree(out / name, ignore_errors=True)
 
