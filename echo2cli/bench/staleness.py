@@ -224,9 +224,8 @@ def run_bench(
             rows.append(done[name])
             continue
         out = cfg.out_dir / name
-        shutil.rmtree(
-            out, ignore_errors=True
-        )  # an interrupted run's files (its learner.json, decisions) are not this run's
+        # an interrupted run's files (its learner.json, its guard decisions) are not this run's
+        shutil.rmtree(out, ignore_errors=True)
         on_start(f"[{i}/{len(todo)}] {name}: training {cfg.steps} steps, then eval (logs in {out / 'logs'})")
         wall = train(cfg, setting, out)
         row = row_of(setting, out, wall, evaluate_run(cfg, out))

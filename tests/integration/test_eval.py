@@ -4,7 +4,7 @@ has 200-problem figures).
 
 Most of an eval's time is its engine's start: three processes, each importing torch and vLLM on one core. So the
 evals run in two lanes at once, each lane's engines bound to a core of their own (`evals`), and the tests check
-their results: 6 evals in about half the time they take one after another."""
+their results: the 7 evals took 288 s here against 358 s one after another (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from echo2cli.models import prepare_default_model
 
 pytestmark = pytest.mark.integration
 
-# Generation is most of an engine's time here (math suggests 128 new tokens); 16 still reaches the reward
+# math suggests 128 new tokens; 16 still reach the reward and cost an eighth of the generation
 SHORT = ("--max-new-tokens", "16")
 
 
