@@ -138,8 +138,9 @@ class LearnerConfig(_Config):
     geo_high: float = Field(1.01, gt=1.0, description="geo_mask: highest geometric-mean ratio kept")
     adaptive_staleness: bool = Field(
         False,
-        description="when the guard flags a step, halve the S new leases are sized with; raise it by one after "
-        "3 healthy verdicts (the configured S stays the admission bound)",
+        description="when the guard flags a step, halve the S that sizes new leases and bounds admission (or the "
+        "lag the step reached, where lower); raise it by one after 3 healthy verdicts, doubled with each flag, "
+        "never back to a flagged lag",
     )
     guard_ess_min: float = Field(
         0.8, ge=0.0, le=1.0, description="guard: flag when the importance-weight ESS (0..1, median of 3 steps) is below"

@@ -47,22 +47,28 @@ def test_without_adaptive_staleness_it_warns_and_keeps_s():
     assert guard.effective == 8
 
 
-def test_adaptive_staleness_halves_s_per_flag_and_climbs_back_one_per_three_healthy_verdicts():
+def test_adaptive_staleness_halves_s_per_flag_and_climbs_back_slower_and_never_to_a_flagged_lag():
     guard = DivergenceGuard(8, LIMITS, adaptive=True, window=3, patience=3)
-    decisions = run(guard, [COLLAPSED] * 6 + [HEALTHY] * 30)
+    decisions = run(guard, [COLLAPSED] * 6 + [HEALTHY] * 40)
     changes = [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in decisions if d]
     assert changes == [
-        (2, "lower", 8, 4),  # the first full window
-        (5, "lower", 4, 2),  # three fresh steps after the change (rollouts in flight were as stale)
-        (10, "raise", 2, 3),  # healthy verdicts at steps 8, 9, 10
-        (13, "raise", 3, 4),
-        (16, "raise", 4, 5),
-        (19, "raise", 5, 6),
-        (22, "raise", 6, 7),
-        (25, "raise", 7, 8),  # back to the configured S and no further
+        (2, "lower", 8, 4),  # the first full window: the ceiling is now 7, the patience 6
+        (5, "lower", 4, 2),  # three fresh steps later (rollouts in flight were as stale): ceiling 3, patience 12
+        (19, "raise", 2, 3),  # 12 healthy verdicts, at steps 8-19
+        # and no further: 4 was flagged
     ]
-    assert guard.effective == 8
+    assert guard.effective == guard.ceiling == 3 and guard.patience == 12
     assert all(d["kind"] == "staleness" and d["staleness"] == 8 for d in decisions if d)
+    assert [d["ceiling"] for d in decisions if d] == [7, 3, 3] and decisions[19]["reasons"] == ["12 healthy steps"]
+
+
+def test_a_single_flag_lets_s_climb_back_to_one_below_the_flagged_lag():
+    guard = DivergenceGuard(16, LIMITS, adaptive=True, window=3, patience=3)
+    decisions = run(guard, [{**COLLAPSED, "rollout/staleness_max": 6}] * 3 + [HEALTHY] * 40)
+    changes = [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in decisions if d]
+    # lag 6 flagged: S = 3, ceiling 5, patience 6; verdicts from step 5, raises every 6 healthy ones
+    assert changes == [(2, "lower", 16, 3), (10, "raise", 3, 4), (16, "raise", 4, 5)]
+    assert guard.effective == 5
 
 
 def test_at_s_zero_a_flag_is_a_warning_only():

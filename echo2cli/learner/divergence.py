@@ -18,7 +18,16 @@ Each flagged step is a warning with its reasons. When adaptive, a flag also halv
 bound new leases are sized with and admission checks: staler groups already admitted are dropped and their
 prompts queued again) or, where it is lower, the lag the flagged step's batch reached, and starts the window
 afresh: rollouts already in flight are as stale as before, so the next verdict waits for `window` new steps.
-After `patience` healthy verdicts in a row the effective S rises by one, up to the configured S. Every warning
+
+Raising it again is cautious, the way TCP's congestion window is after a loss. After `patience` healthy
+verdicts in a row the effective S rises by one, but:
+
+- never back to a lag that was flagged: each flag lowers the ceiling (at first the configured S) to one below
+  the lag it halved;
+- each flag doubles the healthy verdicts a raise waits for (3, 6, 12, ...).
+
+Raising back straight to the failed lags let runs without a correction fall below the base model a few
+versions after each raise (docs/BENCHMARKS.md, "The same collapse under `--adaptive-staleness`"). Every warning
 and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each
 step's metrics and applies what it returns.
 """
@@ -46,6 +55,7 @@ class DivergenceGuard:
     ) -> None:
         self.S, self.limits, self.adaptive, self.patience = staleness, thresholds, adaptive, patience
         self.effective = staleness
+        self.ceiling = staleness  # the most a raise may reach: one below the lowest lag a flag halved
         self.healthy_steps = 0
         self.recent: deque[dict[str, float]] = deque(maxlen=window)
 
@@ -85,12 +95,15 @@ class DivergenceGuard:
         if reasons:
             self.healthy_steps = 0
             if self.adaptive and self.effective > 0:
-                self.effective = self._ceiling(m) // 2
+                failed = self._ceiling(m)
+                self.effective = failed // 2
+                self.ceiling = min(self.ceiling, max(failed - 1, self.effective))
+                self.patience *= 2
                 self.recent.clear()
             action = "lower" if self.effective < before else "warn"
         else:
             self.healthy_steps += 1
-            if not (self.adaptive and self.effective < self.S and self.healthy_steps >= self.patience):
+            if not (self.adaptive and self.effective < self.ceiling and self.healthy_steps >= self.patience):
                 return None
             self.effective += 1
             self.healthy_steps = 0
@@ -104,4 +117,6 @@ class DivergenceGuard:
             "staleness": self.S,
             "effective_from": before,
             "effective_to": self.effective,
+            "ceiling": self.ceiling,
+            "patience": self.patience,
         }
