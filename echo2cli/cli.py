@@ -504,7 +504,7 @@ def bench_staleness(
     table = Table(title=title)
     columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "acc - S=0 [95% CI]"]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
-    columns += ["below base (flagged >= 2 ahead)"]
+    columns += ["below base (flagged >= 2 ahead)", "ended below base (flagged >= 2 ahead)"]
     for col in columns:
         table.add_column(col, justify="right")
     for r in table_rows:
@@ -523,6 +523,7 @@ def bench_staleness(
             _time_to_target(r),
             f"{r['flagged_runs']}/{r['seeds']}",
             f"{r['below_base_runs']}/{r['seeds']} ({r['flagged_2_ahead']})",
+            f"{r['ended_below_base_runs']}/{r['seeds']} ({r['lasting_flagged_2_ahead']})",
         )
     Console().print(table)
 

@@ -170,26 +170,57 @@ def test_collapse_finds_the_first_version_below_base_and_the_guards_lead_on_it()
     falls = row(16, 0, 0.1, 50) | {"steps": 8, "health": {k: v * 2 for k, v in flagged.items()}}
     every2 = falls | {"eval_curve": curve([(2, 20, 0.5), (4, 40, 0.45), (6, 60, 0.2), (8, 80, 0.1)])}
     # below 0.3 first at v6; the fall can have come as early as v5 (v4 was above): a lead of 5 - 3 = 2 versions
-    assert collapse(every2, base=0.3) == {"below_base_version": 6, "first_flag_step": 2, "flag_lead_versions": 2}
+    assert collapse(every2, base=0.3) == {
+        "below_base_version": 6,
+        "lasting_below_version": 6,  # and it never came back
+        "first_flag_step": 2,
+        "flag_lead_versions": 2,
+        "lasting_lead_versions": 2,
+    }
     every1 = falls | {"eval_curve": curve([(v, 10 * v, 0.5 if v < 4 else 0.1) for v in range(1, 9)])}
     assert collapse(every1, base=0.3)["flag_lead_versions"] == 1  # below at v4, one version after the flag
     # no curve: only the final version is known, and the fall can have come at any version
-    assert collapse(falls, base=0.3) == {"below_base_version": 8, "first_flag_step": 2, "flag_lead_versions": -2}
+    assert collapse(falls, base=0.3) == {
+        "below_base_version": 8,
+        "lasting_below_version": 8,
+        "first_flag_step": 2,
+        "flag_lead_versions": -2,
+        "lasting_lead_versions": -2,
+    }
+    # an early dip on fresh batches, back above base, then the fall it ended in
+    dips = falls | {"eval_curve": curve([(2, 20, 0.2), (4, 40, 0.5), (6, 60, 0.2), (8, 80, 0.1)])}
+    assert collapse(dips, base=0.3) == {
+        "below_base_version": 2,
+        "lasting_below_version": 6,
+        "first_flag_step": 2,
+        "flag_lead_versions": -2,  # v1 - v3: the dip came before the flag
+        "lasting_lead_versions": 2,  # v5 - v3
+    }
+    recovers = dips | {"steps": 4, "eval_curve": curve([(2, 20, 0.2), (4, 40, 0.5)]), "eval_greedy_accuracy": 0.5}
+    assert collapse(recovers, base=0.3)["below_base_version"] == 2
+    assert collapse(recovers, base=0.3)["lasting_below_version"] is None
     healthy = row(2, 0, 0.6, 50) | {"eval_curve": curve([(2, 20, 0.5), (4, 40, 0.55)])}
     assert collapse(healthy, base=0.3) == {
         "below_base_version": None,
+        "lasting_below_version": None,
         "first_flag_step": None,
         "flag_lead_versions": None,
+        "lasting_lead_versions": None,
     }
     unflagged = row(2, 0, 0.1, 50)
     assert collapse(unflagged, base=0.3) == {
         "below_base_version": 4,
+        "lasting_below_version": 4,
         "first_flag_step": None,
         "flag_lead_versions": None,
+        "lasting_lead_versions": None,
     }
     (s16,) = summary([every2, every1 | {"seed": 1}, healthy | {"staleness": 16, "seed": 2}], base_model_acc=0.3)
     assert s16["below_base_runs"] == 2 and s16["below_base_versions"] == [6, 4] and s16["flag_leads"] == [2, 1]
     assert s16["flagged_2_ahead"] == 1
+    (s16,) = summary([every2, dips | {"seed": 1}, recovers | {"seed": 2}], base_model_acc=0.3)
+    assert (s16["below_base_runs"], s16["flag_leads"], s16["flagged_2_ahead"]) == (3, [2, -2, -2], 1)
+    assert (s16["ended_below_base_runs"], s16["lasting_flag_leads"], s16["lasting_flagged_2_ahead"]) == (2, [2, 2], 2)
     assert "below_base_runs" not in summary([healthy])[0]  # no base measured: no collapse columns
     guard = [{"step": 2, "action": "lower"}, {"step": 5, "action": "raise"}, {"step": 6, "action": "lower"}]
     adaptive = row(16, 0, 0.5, 50) | {"adaptive": True, "guard": guard}

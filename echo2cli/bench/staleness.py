@@ -259,21 +259,37 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
 
 
 def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
-    """When a run's held-out greedy accuracy first fell below the base model's (`below_base_version`: the first
-    evaluated version under it, the final one if only that is), and the guard's lead on it: versions from the
-    guard's first flag to the earliest the fall can have happened (the version after the last one evaluated
-    above base; exact with --eval-every 1). The verdict on step f comes as version f + 1 is trained, so a flag
-    at step f leads a fall at version v by v - (f + 1). None where the run never fell below, or never flagged."""
+    """When a run's held-out greedy accuracy fell below the base model's, and the guard's lead on it, two ways:
+
+    - `below_base_version`: the first evaluated version under base (the final one if only that is evaluated);
+    - `lasting_below_version`: the first of the evaluations that stay under base to the end (None where the run
+      ended at or above base): the fall it did not come back from. An early dip, on batches too fresh for any
+      off-policy measure to move, can be the first without being the second.
+
+    The lead: versions from the guard's first flag to the earliest the fall can have happened (the version
+    after the last one evaluated above base; exact with --eval-every 1). The verdict on step f comes as version
+    f + 1 is trained, so a flag at step f leads a fall at version v by v - (f + 1). None where the run never
+    fell below, or never flagged."""
     curve = [(c["version"], c["greedy_accuracy"]) for c in row.get("eval_curve") or []]
     if not curve or curve[-1][0] < row["steps"]:
         curve.append((row["steps"], row["eval_greedy_accuracy"]))
-    fall = next((i for i, (_, acc) in enumerate(curve) if acc < base), None)
+    below = [acc < base for _, acc in curve]
+    fall = next((i for i, b in enumerate(below) if b), None)
+    lasting = next((i for i in range(len(curve)) if all(below[i:])), None)
     flags = guard_flags(row)
-    earliest = None if fall is None else (curve[fall - 1][0] + 1 if fall else 1)
+
+    def lead(i: int | None) -> int | None:
+        if i is None or not flags:
+            return None
+        earliest = curve[i - 1][0] + 1 if i else 1
+        return earliest - (flags[0] + 1)
+
     return {
         "below_base_version": None if fall is None else curve[fall][0],
+        "lasting_below_version": None if lasting is None else curve[lasting][0],
         "first_flag_step": flags[0] if flags else None,
-        "flag_lead_versions": None if earliest is None or not flags else earliest - (flags[0] + 1),
+        "flag_lead_versions": lead(fall),
+        "lasting_lead_versions": lead(lasting),
     }
 
 
@@ -327,13 +343,20 @@ def summary(
 
 
 def _collapses(runs: list[dict[str, Any]], base: float) -> dict[str, Any]:
-    falls = [c for r in runs if (c := collapse(r, base))["below_base_version"] is not None]
+    """How many runs fell below base (`collapse`) and how many of those the guard flagged at least 2 versions
+    ahead: counting the first dip, and counting the fall the run ended in (`lasting_`)."""
+    each = [collapse(r, base) for r in runs]
+    falls = [c for c in each if c["below_base_version"] is not None]
     leads = [c["flag_lead_versions"] for c in falls]
+    lasting = [c["lasting_lead_versions"] for c in each if c["lasting_below_version"] is not None]
     return {
         "below_base_runs": len(falls),
         "below_base_versions": [c["below_base_version"] for c in falls],
         "flag_leads": leads,
         "flagged_2_ahead": sum(lead is not None and lead >= 2 for lead in leads),
+        "ended_below_base_runs": len(lasting),
+        "lasting_flag_leads": lasting,
+        "lasting_flagged_2_ahead": sum(lead is not None and lead >= 2 for lead in lasting),
     }
 
 
