@@ -1,5 +1,7 @@
 """The divergence guard's decisions on made-up metric streams, and the per-staleness health totals."""
 
+import json
+
 import pytest
 
 from echo2cli.learner.divergence import DivergenceGuard, Thresholds
@@ -99,3 +101,16 @@ def test_adaptive_staleness_halves_the_lag_reached_where_it_is_below_s():
     assert (decisions[2]["effective_from"], decisions[2]["effective_to"]) == (16, 1)
     guard = DivergenceGuard(4, LIMITS, adaptive=True)  # a lag above the effective S halves the effective S
     assert run(guard, [{**COLLAPSED, "rollout/staleness_max": 9}] * 3)[2]["effective_to"] == 2
+
+
+def test_a_guard_restored_from_its_state_decides_as_the_uninterrupted_one():
+    stream = [{**COLLAPSED, "rollout/staleness_max": 6}] * 3 + [HEALTHY] * 4 + [COLLAPSED] * 4 + [HEALTHY] * 30
+    whole = run(DivergenceGuard(16, LIMITS, adaptive=True), stream)
+    for cut in (5, 9, 12):  # mid-window, mid-patience, after the second flag
+        first = DivergenceGuard(16, LIMITS, adaptive=True)
+        before = [first.observe(step, m) for step, m in enumerate(stream[:cut])]
+        resumed = DivergenceGuard(16, LIMITS, adaptive=True)  # a new learner's guard, from the JSON checkpoint
+        resumed.load_state(json.loads(json.dumps(first.state_dict())))
+        after = [resumed.observe(step, m) for step, m in enumerate(stream) if step >= cut]
+        assert before + after == whole
+    assert resumed.ceiling < 16 and resumed.patience > 3  # the cautious state carried over, not a fresh guard

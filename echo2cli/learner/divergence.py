@@ -59,6 +59,22 @@ class DivergenceGuard:
         self.healthy_steps = 0
         self.recent: deque[dict[str, float]] = deque(maxlen=window)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed learner's guard needs to go on deciding as this one would (saved in each checkpoint)."""
+        return {
+            "effective": self.effective,
+            "ceiling": self.ceiling,
+            "patience": self.patience,
+            "healthy_steps": self.healthy_steps,
+            "recent": list(self.recent),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.effective, self.ceiling = int(state["effective"]), int(state["ceiling"])
+        self.patience, self.healthy_steps = int(state["patience"]), int(state["healthy_steps"])
+        self.recent.clear()
+        self.recent.extend(state["recent"])
+
     def reasons(self, m: dict[str, Any]) -> list[str]:
         """What about these (median) measures crosses a threshold (empty: healthy)."""
         out = []

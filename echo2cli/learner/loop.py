@@ -215,6 +215,8 @@ class Learner:
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
         # a sharded trainer's other ranks stop with this one: told STOP after a clean finish, never after an error
         self._closing.enter_context(closed_on_success(self.trainer))
+        limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
+        self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
@@ -241,8 +243,6 @@ class Learner:
         reporters = Reporters(parse_report_to(cfg.report_to), self.out, cfg.model_dump(mode="json"))
         self.log = self._close_later(StepLog(self.out, self.start_step, reporters))
         self.activation = self._close_later(Activation(cfg, self.coord, self.out / "decisions.jsonl"))
-        limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
-        self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
         cuda = self.trainer.device.type == "cuda"
         self.evals = self._close_later(PeriodicEval(cfg, self.model_dir, self.out, cuda))
         self.on_decision: Callable[[dict[str, Any]], None] | None = None
@@ -259,6 +259,9 @@ class Learner:
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise ModelError(f"checkpoint {checkpoint} does not load: {exc}") from exc
         self.coord.load_state(state["coordinator"])
+        if "guard" in state:  # checkpoints from before 2026-11-29 have none: the guard starts afresh
+            self.guard.load_state(state["guard"])
+            self.coord.set_effective_staleness(self.guard.effective)
         self.run_id, self.start_step = state["run_id"], int(state["step"])
 
     def request_stop(self) -> None:
@@ -454,6 +457,7 @@ class Learner:
             "token_required": self.cfg.token is not None,
             "config": self.cfg.model_dump(mode="json"),
             "coordinator": self.coord.state_dict(),
+            "guard": self.guard.state_dict(),  # a bound the guard lowered stays lowered after a resume
         }
 
         def write_files(tmp: Path) -> None:

@@ -18,6 +18,8 @@ from procs import finish, spawn, wait_for, wait_listening
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from echo2cli.demo import free_port
+from echo2cli.layout import checkpoint_dir
+from echo2cli.learner.checkpoint import STATE_FILE
 from echo2cli.learner.divergence import DivergenceGuard, Thresholds
 from echo2cli.metrics import read_metrics
 from echo2cli.worker.client import LearnerClient
@@ -222,6 +224,8 @@ def test_the_divergence_guard_flags_the_run_and_sizes_leases_with_a_lower_s(run)
     if guard:
         assert "leases now sized with S = 0" in (run / "learner.log").read_text()
     assert [r["guard/staleness_effective"] for r in rows] == [S, S, 0 if guard else S]
+    saved = json.loads((checkpoint_dir(run, STEPS) / STATE_FILE).read_text())["guard"]
+    assert saved == json.loads(json.dumps(replay.state_dict()))  # a resumed learner keeps the lowered S
     for r in rows:
         buckets = r["offpolicy/by_staleness"]
         assert set(buckets) <= set(r["rollout/staleness_hist"])
