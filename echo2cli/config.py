@@ -608,6 +608,13 @@ class BenchStalenessConfig(_Config):
         "token_tis", description="off-policy corrections to run, comma-separated (see `echo2 learner --help`)"
     )
     adaptive_staleness: bool = Field(False, description="run the learners with --adaptive-staleness")
+    guard_ess_min: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="the learners' --guard-ess-min (not given: the learner's default); each row records it and "
+        "the guard's replay uses it. Runs of another bound belong in another OUT",
+    )
     prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")

@@ -31,6 +31,16 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     assert more == ["S0-token_tis-seed3", "S0-token_tis-seed4"]  # more seeds on the same --out, later
 
 
+def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
+    from echo2cli.bench.staleness import replayed_flags
+
+    (given,) = settings(BenchStalenessConfig(staleness="16", seeds=1, guard_ess_min=0.9))
+    assert given["guard_ess_min"] == 0.9 and run_name(given) == "S16-token_tis-seed0"
+    assert "guard_ess_min" not in settings(BenchStalenessConfig(staleness="16", seeds=1))[0]
+    recorded = row(16, 0, 0.5, 50, ess=0.85)  # between the default bound (0.8) and the given one
+    assert replayed_flags(recorded) == [] and replayed_flags(recorded | {"guard_ess_min": 0.9}) == [2, 3]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

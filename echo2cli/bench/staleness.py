@@ -60,8 +60,9 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"--lora-rank takes comma-separated integers, got {cfg.lora_rank!r}") from exc
     if any(not 0 <= r <= 512 for r in ranks):
         raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
+    guard = {} if cfg.guard_ess_min is None else {"guard_ess_min": cfg.guard_ess_min}
     return [
-        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "lora_rank": r, "seed": seed}
+        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "lora_rank": r, "seed": seed, **guard}
         for s in bounds
         for m in modes
         for r in ranks
@@ -103,6 +104,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         seed=setting["seed"],
         off_policy=setting["off_policy"],
         adaptive_staleness=setting["adaptive"],
+        guard_ess_min=setting.get("guard_ess_min"),
         torch_threads=1,
         train_cpus="0" if CORES > 1 and cfg.pin_learner == "train" else None,
         checkpoint_every=0,
@@ -244,14 +246,17 @@ def _prune(out: Path) -> None:
 
 
 def replayed_flags(row: dict[str, Any]) -> list[int]:
-    """The steps the divergence guard, at the learner's default thresholds, flags in a run's recorded health
-    (what a learner without --adaptive-staleness would warn about; it changes nothing in such a run)."""
+    """The steps the divergence guard, at the run's thresholds (the learner's defaults where the bench gave none),
+    flags in a run's recorded health (what a learner without --adaptive-staleness would warn about; it changes
+    nothing in such a run)."""
     from echo2cli.config import LearnerConfig
     from echo2cli.learner.divergence import DivergenceGuard, Thresholds
 
     f = LearnerConfig.model_fields
     limits = Thresholds(
-        ess_min=f["guard_ess_min"].default, kl_max=f["guard_kl_max"].default, clip_max=f["guard_clip_max"].default
+        ess_min=row.get("guard_ess_min", f["guard_ess_min"].default),
+        kl_max=f["guard_kl_max"].default,
+        clip_max=f["guard_clip_max"].default,
     )
     guard = DivergenceGuard(row["staleness"], limits, adaptive=False)
     health = row["health"]
