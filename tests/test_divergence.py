@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from echo2cli.errors import ConfigError
 from echo2cli.learner.divergence import DivergenceGuard, Thresholds
 from echo2cli.learner.trainer import LAG_PREFIX, split_by_lag
 
@@ -114,3 +115,21 @@ def test_a_guard_restored_from_its_state_decides_as_the_uninterrupted_one():
         after = [resumed.observe(step, m) for step, m in enumerate(stream) if step >= cut]
         assert before + after == whole
     assert resumed.ceiling < 16 and resumed.patience > 3  # the cautious state carried over, not a fresh guard
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"effective": "x", "ceiling": 3, "patience": 3, "healthy_steps": 0, "recent": []},
+        {"effective": 9, "ceiling": 9, "patience": 3, "healthy_steps": 0, "recent": []},  # above the configured S
+        {"effective": 3, "ceiling": 2, "patience": 3, "healthy_steps": 0, "recent": []},  # above its own ceiling
+        {"effective": 2, "ceiling": 3, "patience": 0, "healthy_steps": 0, "recent": []},
+        {"effective": 2, "ceiling": 3, "patience": 3, "healthy_steps": 0, "recent": [1, 2]},
+    ],
+)
+def test_a_malformed_guard_state_in_a_checkpoint_is_a_one_line_error(state):
+    guard = DivergenceGuard(8, LIMITS, adaptive=True)
+    with pytest.raises(ConfigError, match="divergence guard state is malformed") as info:
+        guard.load_state(state)
+    assert "\n" not in str(info.value) and guard.effective == 8  # and the guard is as it was

@@ -39,6 +39,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from echo2cli.errors import ConfigError
+
 MEASURES = ("train/is_ess", "train/kl_behaviour", "train/clipfrac")
 
 
@@ -70,10 +72,20 @@ class DivergenceGuard:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.effective, self.ceiling = int(state["effective"]), int(state["ceiling"])
-        self.patience, self.healthy_steps = int(state["patience"]), int(state["healthy_steps"])
+        """`state_dict`'s output, from a checkpoint; anything else is a ConfigError that says so."""
+        try:
+            effective, ceiling = int(state["effective"]), int(state["ceiling"])
+            patience, healthy_steps = int(state["patience"]), int(state["healthy_steps"])
+            recent = [{k: float(m[k]) for k in MEASURES if k in m} for m in state["recent"]]
+            if not (0 <= effective <= ceiling <= self.S and patience >= 1 and healthy_steps >= 0):
+                raise ValueError("out of range")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(
+                f"the checkpoint's divergence guard state is malformed ({exc!r}): {state!r:.200}"
+            ) from None
+        self.effective, self.ceiling, self.patience, self.healthy_steps = effective, ceiling, patience, healthy_steps
         self.recent.clear()
-        self.recent.extend(state["recent"])
+        self.recent.extend(recent[-(self.recent.maxlen or 1) :])
 
     def reasons(self, m: dict[str, Any]) -> list[str]:
         """What about these (median) measures crosses a threshold (empty: healthy)."""
