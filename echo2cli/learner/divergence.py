@@ -19,15 +19,16 @@ bound new leases are sized with and admission checks: staler groups already admi
 prompts queued again) or, where it is lower, the lag the flagged step's batch reached, and starts the window
 afresh: rollouts already in flight are as stale as before, so the next verdict waits for `window` new steps.
 
-Raising it again is cautious, the way TCP's congestion window is after a loss. After `patience` healthy
-verdicts in a row the effective S rises by one, but:
+Raising it again is cautious. After `patience` healthy verdicts in a row the effective S rises by one, but:
 
 - never back to a lag that was flagged: each flag lowers the ceiling (at first the configured S) to one below
   the lag it halved;
 - each flag doubles the healthy verdicts a raise waits for (3, 6, 12, ...).
 
 Raising back straight to the failed lags let runs without a correction fall below the base model a few
-versions after each raise (docs/BENCHMARKS.md, "The same collapse under `--adaptive-staleness`"). Every warning
+versions after each raise (docs/BENCHMARKS.md, "The same collapse under `--adaptive-staleness`"); the cautious
+raise did not stop every such fall either ("A cautious raise", same file): those came after a late first flag.
+The guard's state goes into each checkpoint (`state_dict`), so a resumed learner keeps its bound. Every warning
 and change is one line of `decisions.jsonl` (`"kind": "staleness"`). Pure logic: the learner feeds it each
 step's metrics and applies what it returns.
 """
