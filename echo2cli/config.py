@@ -421,6 +421,12 @@ class DemoConfig(_Config):
     seed: int = Field(0, description="the learner's seed (prompt order, torch); worker i samples with seed + i")
     lora_rank: int = Field(0, ge=0, le=512, description="train LoRA adapters of this rank (0 = the full model)")
     report_to: str = Field("jsonl", description="the learner's loggers: jsonl, tensorboard, wandb, trackio")
+    keep_versions_every: int = Field(
+        0,
+        ge=0,
+        description="keep every N-th version (OUT/versions/vN) to score later with `echo2 eval --run OUT --version "
+        "N,...` (0 = only the newest S+1)",
+    )
     port: int = Field(0, ge=0, le=65535, description="the learner's port (0 = any free port)")
     learner_threads: int = Field(
         0,

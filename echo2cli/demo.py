@@ -142,6 +142,7 @@ def _start(
         seed=cfg.seed,
         lora_rank=cfg.lora_rank,
         report_to=cfg.report_to,
+        keep_versions_every=cfg.keep_versions_every or None,
         quiet=True,
         torch_threads=cfg.learner_threads or learner_threads(os.cpu_count() or 1, cfg.workers),
     )

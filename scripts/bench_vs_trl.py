@@ -34,20 +34,42 @@ from echo2cli.config import DemoConfig
 B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
 
 
-def evaluate(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
+def evaluate_raw(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
     argv = [sys.executable, "-m", "echo2cli", "eval", *model_or_run, "--limit", str(limit), "--k", str(k), "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, check=True)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def evaluate(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
+    result = evaluate_raw(model_or_run, limit, k)
     return {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
 
 
-def run_echo2(out: Path, seed: int, steps: int) -> dict[str, Any]:
-    """The default demo; wall time from its summary (learner start to the last step, workers included)."""
+def run_echo2(out: Path, seed: int, steps: int, keep_every: int) -> dict[str, Any]:
+    """The default demo; wall time from its summary (learner start to the last step, workers included), and
+    the wall time at which each version was trained: the demo's wall time less what came after that version,
+    so the learner's start-up is counted in every version's time."""
     argv = [sys.executable, "-m", "echo2cli", "demo", "--out", str(out), "--steps", str(steps), "--seed", str(seed)]
+    argv += ["--keep-versions-every", str(keep_every)] if keep_every else []
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "demo_summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"wall_s": summary["wall_s"], "reward": [r["rollout/reward_mean"] for r in rows]}
+    last = rows[-1]["time_s"]
+    version_s = {r["step"] + 1: summary["wall_s"] - (last - r["time_s"]) for r in rows}  # version v: step v - 1
+    return {"wall_s": summary["wall_s"], "reward": [r["rollout/reward_mean"] for r in rows], "version_s": version_s}
+
+
+def echo2_curve(out: Path, res: dict[str, Any], final: dict[str, Any], every: int, limit: int) -> list[dict]:
+    """Held-out greedy accuracy of every `every`-th version before the last (one engine for all of them), then
+    the final one's, each with the wall time it was trained at."""
+    versions = list(range(every, res["steps"], every)) if every else []
+    points = []
+    if versions:
+        first = evaluate_raw(["--run", str(out), "--version", ",".join(map(str, versions))], limit, 0)
+        scored = [first, *first.get("then", [])]
+        points = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]} for r in scored]
+    points.append({"version": res["steps"], "greedy_accuracy": final["greedy_accuracy"]})
+    return [{**p, "time_s": res["version_s"][p["version"]]} for p in points]
 
 
 def run_trl(out: Path, seed: int, lr: float, steps: int) -> dict[str, Any]:
@@ -135,6 +157,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-limit", type=int, default=200)
     p.add_argument("--eval-k", type=int, default=4)
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=4,
+        help="also score every N-th echo2 version (greedy): the wall time echo2 took to reach TRL's final "
+        "accuracy, seed by seed (0 = the final model only)",
+    )
     p.add_argument("--skip-echo2", action="store_true")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -150,8 +179,10 @@ def main() -> None:
             continue
         out = a.out / name
         if side == "echo2":
-            res = run_echo2(out, seed, a.steps)
+            res = run_echo2(out, seed, a.steps, a.eval_every)
             ev = evaluate(["--run", str(out)], a.eval_limit, a.eval_k)
+            res["eval_curve"] = echo2_curve(out, {**res, "steps": a.steps}, ev, a.eval_every, a.eval_limit)
+            del res["version_s"]
         else:
             res = run_trl(out, seed, lr, a.steps)
             ev = evaluate(
@@ -190,13 +221,16 @@ def report(rows_path: Path) -> None:
 def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
     """echo2 against TRL at each learning rate, seed by seed (echo2cli/bench/paired.py): the difference in
     held-out accuracy and the ratio of wall times, each with a bootstrap 95 % interval over the shared seeds."""
-    from echo2cli.bench.paired import describe, paired_difference, seed_mean
+    from echo2cli.bench.paired import describe, paired_difference, seed_mean, time_to
 
     echo2 = next((runs for (side, _), runs in keyed.items() if side == "echo2"), [])
     if not echo2:
         return
-    print("\n| TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] | wall time, echo2 / TRL, paired [95% CI] |")
-    print("|---|---|---|")
+    print(
+        "\n| TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] | wall time, echo2 / TRL, paired [95% CI] "
+        "| echo2 reached TRL's final accuracy | time to it, echo2 / TRL's wall time, paired [95% CI] |"
+    )
+    print("|---|---|---|---|---|")
     for (side, lr), runs in sorted(keyed.items()):
         if side != "trl":
             continue
@@ -205,7 +239,16 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
         )
         trl_wall = {r["seed"]: r["wall_s"] for r in runs}
         ratio = seed_mean({r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall})
-        print(f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} |")
+        # the same seed's TRL run sets the target: the first scored echo2 version at or above its final accuracy
+        trl_acc = {r["seed"]: r["greedy_accuracy"] for r in runs}
+        hits = {
+            r["seed"]: time_to(r.get("eval_curve") or [], trl_acc[r["seed"]]) for r in echo2 if r["seed"] in trl_acc
+        }
+        reach = seed_mean({s: t / trl_wall[s] for s, t in hits.items() if t is not None})
+        print(
+            f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} "
+            f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')} |"
+        )
 
 
 if __name__ == "__main__":

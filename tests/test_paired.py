@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from echo2cli.bench.paired import bootstrap_interval, describe, paired_difference, seeds_needed
+from echo2cli.bench.paired import bootstrap_interval, describe, paired_difference, seeds_needed, time_to
 
 
 def test_differences_are_taken_on_the_shared_seeds_only():
@@ -61,6 +61,14 @@ def test_seeds_needed_grows_with_the_spread_and_the_wanted_precision():
     assert seeds_needed([0.1], 0.03) is None
 
 
+def test_time_to_is_the_first_point_at_or_above_the_target():
+    curve = [{"time_s": 50, "greedy_accuracy": 0.3}, {"time_s": 90, "greedy_accuracy": 0.5}]
+    curve += [{"time_s": 130, "greedy_accuracy": 0.4}, {"time_s": 170, "greedy_accuracy": 0.6}]
+    assert time_to(curve, 0.5) == 90.0  # reached exactly, and before a later dip
+    assert time_to(curve, 0.55) == 170.0
+    assert time_to(curve, 0.7) is None and time_to([], 0.1) is None
+
+
 def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, capsys):
     import importlib.util
     import json
@@ -71,14 +79,27 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows = []
-    for seed, (acc, wall, trl_acc, trl_wall) in enumerate([(0.6, 200, 0.45, 400), (0.65, 210, 0.47, 420)]):
+    runs = [  # echo2's accuracy, wall, curve of (time, accuracy); TRL's accuracy, wall
+        (0.6, 200, [(60, 0.40), (100, 0.50), (200, 0.60)], 0.45, 400),  # TRL's 0.45 reached at 100 s: 0.25
+        (0.65, 210, [(60, 0.30), (110, 0.40), (210, 0.65)], 0.47, 420),  # reached at the end, 210 s: 0.5
+        (0.40, 200, [(60, 0.30), (100, 0.35), (200, 0.40)], 0.50, 400),  # never reached
+    ]
+    for seed, (acc, wall, curve, trl_acc, trl_wall) in enumerate(runs):
         common = {"steps": 20, "reward": [0.1] * 20, "pass_at_k": 0.7, "seed": seed}
-        rows.append({"name": f"e{seed}", "side": "echo2", "lr": 5e-5, "wall_s": wall, "greedy_accuracy": acc, **common})
+        points = [{"time_s": t, "greedy_accuracy": a} for t, a in curve]
+        rows.append(
+            {"name": f"e{seed}", "side": "echo2", "lr": 5e-5, "wall_s": wall, "greedy_accuracy": acc, **common}
+            | {"eval_curve": points}
+        )
         rows.append(
             {"name": f"t{seed}", "side": "trl", "lr": 1e-5, "wall_s": trl_wall, "greedy_accuracy": trl_acc, **common}
         )
     rows.append({**rows[-1], "name": "t9", "seed": 9})  # no echo2 run with seed 9: left out of the pairs
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     bench.report(tmp_path / "rows.jsonl")
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line == "| 1e-05 | +0.165 [+0.150, +0.180] (n=2) | 0.500 [0.500, 0.500] (n=2) |"
+    cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
+    assert cells[0] == "1e-05"
+    assert cells[1].startswith("+0.077 [") and cells[1].endswith("(n=3)")  # 0.15, 0.18, -0.10
+    assert cells[2] == "0.500 [0.500, 0.500] (n=3)"
+    assert cells[3] == "2/3"
+    assert cells[4] == "0.375 [0.250, 0.500] (n=2)"

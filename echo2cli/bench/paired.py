@@ -73,6 +73,12 @@ def seeds_needed(diffs: Sequence[float], half_width: float, level: float = LEVEL
     return max(2, math.ceil((z * sd / half_width) ** 2))
 
 
+def time_to(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
+    """The `time_s` of the first point of a held-out curve (points in training order, each with `time_s` and
+    `greedy_accuracy`) at or above `target`; None if the run never reached it."""
+    return next((float(c["time_s"]) for c in curve if c["greedy_accuracy"] >= target), None)
+
+
 def describe(d: Mapping[str, Any]) -> str:
     """'+0.031 [-0.012, +0.070] (n=8)', or '+0.031 (n=1)' without an interval, or '-' without pairs."""
     if d["mean"] is None:

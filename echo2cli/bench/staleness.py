@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from echo2cli.bench.paired import paired_difference, seed_mean, seeds_needed
+from echo2cli.bench.paired import paired_difference, seed_mean, seeds_needed, time_to
 from echo2cli.config import BenchStalenessConfig
 from echo2cli.errors import ConfigError, Echo2Error
 from echo2cli.launch import flags, spawn, stop, wait_for_learner
@@ -385,7 +385,7 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
     for r in rows:
         if (target := targets.get(twin(r))) is None or not r.get("eval_curve"):
             continue
-        hit = next((c["time_s"] for c in r["eval_curve"] if c["greedy_accuracy"] >= target), None)
+        hit = time_to(r["eval_curve"], target)
         times.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), {})[r["seed"]] = hit
         if sync(r):
             own[twin(r)] = hit
