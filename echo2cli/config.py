@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from echo2cli.errors import ConfigError
 from echo2cli.hardware import parse_cpus
+from echo2cli.learner.divergence import Thresholds, default_ess_min
 from echo2cli.lora import DEFAULT_TARGETS
 from echo2cli.plan.model import kappa_problem
 from echo2cli.protocol import MAX_COMPLETION_TOKENS, MAX_PROMPT_TOKENS
@@ -142,8 +143,12 @@ class LearnerConfig(_Config):
         "lag the step reached, where lower); raise it by one after 3 healthy verdicts, doubled with each flag, "
         "never back to a flagged lag",
     )
-    guard_ess_min: float = Field(
-        0.8, ge=0.0, le=1.0, description="guard: flag when the importance-weight ESS (0..1, median of 3 steps) is below"
+    guard_ess_min: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="guard: flag when the importance-weight ESS (0..1, median of 3 steps) is below",
+        json_schema_extra={"shown_default": "0.9 with --off-policy none, else 0.8"},
     )
     guard_kl_max: float = Field(
         1.0, gt=0.0, description="guard: flag when the behaviour KL (median of 3 steps) exceeds"
@@ -305,6 +310,17 @@ class LearnerConfig(_Config):
                 f"--eval-devices {self.eval_devices} shares GPU {','.join(sorted(shared))} with the trainer's "
                 f"{self.nproc_per_node} rank(s): name a GPU past them"
             )
+        return self
+
+    def guard_thresholds(self) -> Thresholds:
+        assert self.guard_ess_min is not None  # filled in from the correction when the config is made
+        return Thresholds(ess_min=self.guard_ess_min, kl_max=self.guard_kl_max, clip_max=self.guard_clip_max)
+
+    @model_validator(mode="after")
+    def _guard_ess_min_of_the_correction(self) -> LearnerConfig:
+        """The bound not given is the correction's (the run's config.json records the one used)."""
+        if self.guard_ess_min is None:
+            object.__setattr__(self, "guard_ess_min", default_ess_min(self.off_policy))
         return self
 
     @model_validator(mode="after")
@@ -618,8 +634,8 @@ class BenchStalenessConfig(_Config):
         None,
         ge=0.0,
         le=1.0,
-        description="the learners' --guard-ess-min (not given: the learner's default); each row records it and "
-        "the guard's replay uses it. Runs of another bound belong in another OUT",
+        description="the learners' --guard-ess-min (not given: the learner's default for each correction); each "
+        "row records it and the guard's replay uses it. Runs of another bound belong in another OUT",
     )
     prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt")

@@ -36,9 +36,13 @@ def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
 
     (given,) = settings(BenchStalenessConfig(staleness="16", seeds=1, guard_ess_min=0.9))
     assert given["guard_ess_min"] == 0.9 and run_name(given) == "S16-token_tis-seed0"
-    assert "guard_ess_min" not in settings(BenchStalenessConfig(staleness="16", seeds=1))[0]
+    by_mode = settings(BenchStalenessConfig(staleness="16", seeds=1, off_policy="token_tis,none"))
+    assert [s["guard_ess_min"] for s in by_mode] == [0.8, 0.9]  # not given: the learner's default for each correction
     recorded = row(16, 0, 0.5, 50, ess=0.85)  # between the default bound (0.8) and the given one
-    assert replayed_flags(recorded) == [] and replayed_flags(recorded | {"guard_ess_min": 0.9}) == [2, 3]
+    assert replayed_flags(recorded | {"guard_ess_min": 0.8}) == [] and replayed_flags(
+        recorded | {"guard_ess_min": 0.9}
+    ) == [2, 3]
+    assert replayed_flags(recorded) == []  # a row from before the bound was recorded ran at 0.8
 
 
 @pytest.mark.parametrize(

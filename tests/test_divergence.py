@@ -133,3 +133,14 @@ def test_a_malformed_guard_state_in_a_checkpoint_is_a_one_line_error(state):
     with pytest.raises(ConfigError, match="divergence guard state is malformed") as info:
         guard.load_state(state)
     assert "\n" not in str(info.value) and guard.effective == 8  # and the guard is as it was
+
+
+def test_the_ess_bound_not_given_is_the_corrections_and_the_config_records_it():
+    """Without a correction the bound is tighter (0.9): at 0.8 two of five uncorrected runs at S = 16 were flagged
+    only at lag 8-9 and ended below the base model (docs/BENCHMARKS.md)."""
+    from echo2cli.config import LearnerConfig
+
+    assert LearnerConfig(off_policy="none").guard_ess_min == 0.9
+    assert LearnerConfig().guard_ess_min == 0.8 and LearnerConfig(off_policy="decoupled").guard_ess_min == 0.8
+    assert LearnerConfig(off_policy="none", guard_ess_min=0.7).guard_ess_min == 0.7  # a given bound stands
+    assert json.loads(LearnerConfig(off_policy="none").model_dump_json())["guard_ess_min"] == 0.9

@@ -43,6 +43,7 @@ HEALTH = ("train/kl_behaviour", "train/is_ess", "train/clipfrac", "train/is_trun
 
 def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     """Every (S, correction, LoRA rank, seed) the config asks for, in run order (seeds innermost)."""
+    from echo2cli.learner.divergence import default_ess_min
     from echo2cli.learner.grpo import OFF_POLICY_MODES
 
     try:
@@ -60,9 +61,19 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"--lora-rank takes comma-separated integers, got {cfg.lora_rank!r}") from exc
     if any(not 0 <= r <= 512 for r in ranks):
         raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
-    guard = {} if cfg.guard_ess_min is None else {"guard_ess_min": cfg.guard_ess_min}
+
+    def ess_min(mode: str) -> float:
+        return default_ess_min(mode) if cfg.guard_ess_min is None else cfg.guard_ess_min
+
     return [
-        {"staleness": s, "off_policy": m, "adaptive": cfg.adaptive_staleness, "lora_rank": r, "seed": seed, **guard}
+        {
+            "staleness": s,
+            "off_policy": m,
+            "adaptive": cfg.adaptive_staleness,
+            "lora_rank": r,
+            "seed": seed,
+            "guard_ess_min": ess_min(m),
+        }
         for s in bounds
         for m in modes
         for r in ranks
@@ -104,7 +115,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         seed=setting["seed"],
         off_policy=setting["off_policy"],
         adaptive_staleness=setting["adaptive"],
-        guard_ess_min=setting.get("guard_ess_min"),
+        guard_ess_min=setting["guard_ess_min"],
         torch_threads=1,
         train_cpus="0" if CORES > 1 and cfg.pin_learner == "train" else None,
         checkpoint_every=0,
@@ -246,15 +257,15 @@ def _prune(out: Path) -> None:
 
 
 def replayed_flags(row: dict[str, Any]) -> list[int]:
-    """The steps the divergence guard, at the run's thresholds (the learner's defaults where the bench gave none),
-    flags in a run's recorded health (what a learner without --adaptive-staleness would warn about; it changes
-    nothing in such a run)."""
+    """The steps the divergence guard, at the run's ESS bound (recorded in the row) and the learner's other
+    default thresholds, flags in a run's recorded health (what a learner without --adaptive-staleness would warn
+    about; it changes nothing in such a run)."""
     from echo2cli.config import LearnerConfig
-    from echo2cli.learner.divergence import DivergenceGuard, Thresholds
+    from echo2cli.learner.divergence import ESS_MIN, DivergenceGuard, Thresholds
 
     f = LearnerConfig.model_fields
     limits = Thresholds(
-        ess_min=row.get("guard_ess_min", f["guard_ess_min"].default),
+        ess_min=row.get("guard_ess_min", ESS_MIN),  # rows without it ran before the bound depended on the correction
         kl_max=f["guard_kl_max"].default,
         clip_max=f["guard_clip_max"].default,
     )

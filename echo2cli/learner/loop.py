@@ -42,7 +42,7 @@ from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import read_state, write_checkpoint
 from echo2cli.learner.coordinator import Coordinator
-from echo2cli.learner.divergence import DivergenceGuard, Thresholds
+from echo2cli.learner.divergence import DivergenceGuard
 from echo2cli.learner.episode_host import episode_host
 from echo2cli.learner.periodic_eval import PeriodicEval
 from echo2cli.learner.publisher import Publisher
@@ -215,8 +215,7 @@ class Learner:
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
         # a sharded trainer's other ranks stop with this one: told STOP after a clean finish, never after an error
         self._closing.enter_context(closed_on_success(self.trainer))
-        limits = Thresholds(ess_min=cfg.guard_ess_min, kl_max=cfg.guard_kl_max, clip_max=cfg.guard_clip_max)
-        self.guard = DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness)
+        self.guard = DivergenceGuard(cfg.staleness, cfg.guard_thresholds(), adaptive=cfg.adaptive_staleness)
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
