@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from echo2cli.bench.staleness import prune
 from echo2cli.config import DemoConfig
 
 B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
@@ -55,8 +57,11 @@ def run_echo2(out: Path, seed: int, steps: int, keep_every: int) -> dict[str, An
     summary = json.loads((out / "demo_summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = rows[-1]["time_s"]
-    version_s = {r["step"] + 1: summary["wall_s"] - (last - r["time_s"]) for r in rows}  # version v: step v - 1
-    return {"wall_s": summary["wall_s"], "reward": [r["rollout/reward_mean"] for r in rows], "version_s": version_s}
+    return {
+        "wall_s": summary["wall_s"],
+        "reward": [r["rollout/reward_mean"] for r in rows],
+        "time_s": [summary["wall_s"] - (last - r["time_s"]) for r in rows],  # step i's end, which is version i + 1
+    }
 
 
 def echo2_curve(out: Path, res: dict[str, Any], final: dict[str, Any], every: int, limit: int) -> list[dict]:
@@ -69,7 +74,7 @@ def echo2_curve(out: Path, res: dict[str, Any], final: dict[str, Any], every: in
         scored = [first, *first.get("then", [])]
         points = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]} for r in scored]
     points.append({"version": res["steps"], "greedy_accuracy": final["greedy_accuracy"]})
-    return [{**p, "time_s": res["version_s"][p["version"]]} for p in points]
+    return [{**p, "time_s": res["time_s"][p["version"] - 1]} for p in points]
 
 
 def run_trl(out: Path, seed: int, lr: float, steps: int) -> dict[str, Any]:
@@ -182,17 +187,20 @@ def main() -> None:
             res = run_echo2(out, seed, a.steps, a.eval_every)
             ev = evaluate(["--run", str(out)], a.eval_limit, a.eval_k)
             res["eval_curve"] = echo2_curve(out, {**res, "steps": a.steps}, ev, a.eval_every, a.eval_limit)
-            del res["version_s"]
+            prune(out)  # versions, workers' copies and checkpoints: ~6 GB a run
         else:
             res = run_trl(out, seed, lr, a.steps)
             ev = evaluate(
                 ["--model", str(out / "final"), "--max-new-tokens", str(MAX_NEW_TOKENS)], a.eval_limit, a.eval_k
             )
+            shutil.rmtree(out / "final")
         row = {"name": name, "side": side, "lr": lr, "seed": seed, "steps": a.steps, **res, **ev}
         with open(rows_path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{name}: {row['wall_s']:.0f} s, held-out greedy {row['greedy_accuracy']:.3f}", flush=True)
     report(rows_path)
+    plot([json.loads(line) for line in rows_path.read_text().splitlines()], a.out / "vs_trl.png")
+    print(f"plot: {a.out / 'vs_trl.png'}")
 
 
 def report(rows_path: Path) -> None:
@@ -249,6 +257,51 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
             f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} "
             f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')} |"
         )
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Train reward and held-out greedy accuracy against wall time: echo2 (its every N-th version scored) and
+    TRL at each learning rate (its final model), each the mean of its seeds with their range as a band (bars
+    for TRL's one point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (reward_ax, acc_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
+    keyed: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        keyed.setdefault((r["side"], r["lr"]), []).append(r)
+    for (side, lr), runs in sorted(keyed.items()):
+        label = f"{side} lr {lr:g} ({len(runs)} seeds)"
+        n = min(len(r["reward"]) for r in runs)
+        # echo2 records each step's wall time; TRL each step's duration from the start of train()
+        times = [r["time_s"] if side == "echo2" else np.cumsum(r["step_s"]) for r in runs]
+        time_s = np.array([t[:n] for t in times]).mean(axis=0)
+        reward = np.array([r["reward"][:n] for r in runs])
+        (line,) = reward_ax.plot(time_s, reward.mean(axis=0), label=label)
+        reward_ax.fill_between(time_s, reward.min(axis=0), reward.max(axis=0), color=line.get_color(), alpha=0.2)
+        if side == "echo2":
+            points = min(len(r["eval_curve"]) for r in runs)
+            acc = np.array([[c["greedy_accuracy"] for c in r["eval_curve"][:points]] for r in runs])
+            at = np.array([[c["time_s"] for c in r["eval_curve"][:points]] for r in runs]).mean(axis=0)
+            acc_ax.plot(at, acc.mean(axis=0), marker="o", color=line.get_color(), label=label)
+            acc_ax.fill_between(at, acc.min(axis=0), acc.max(axis=0), color=line.get_color(), alpha=0.2)
+        else:
+            acc = np.array([r["greedy_accuracy"] for r in runs])
+            mean = acc.mean()
+            bars = [[mean - acc.min()], [acc.max() - mean]]
+            wall = np.mean([r["wall_s"] for r in runs])
+            acc_ax.errorbar([wall], [mean], yerr=bars, marker="s", color=line.get_color(), label=label, capsize=4)
+    reward_ax.set_ylabel("train reward (batch mean)")
+    acc_ax.set_ylabel("held-out greedy accuracy")
+    for ax in (reward_ax, acc_ax):
+        ax.set_xlabel("wall time, s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

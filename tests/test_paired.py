@@ -89,10 +89,11 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
         points = [{"time_s": t, "greedy_accuracy": a} for t, a in curve]
         rows.append(
             {"name": f"e{seed}", "side": "echo2", "lr": 5e-5, "wall_s": wall, "greedy_accuracy": acc, **common}
-            | {"eval_curve": points}
+            | {"eval_curve": points, "time_s": [wall * (i + 1) / 20 for i in range(20)]}
         )
         rows.append(
             {"name": f"t{seed}", "side": "trl", "lr": 1e-5, "wall_s": trl_wall, "greedy_accuracy": trl_acc, **common}
+            | {"step_s": [trl_wall / 20] * 20}
         )
     rows.append({**rows[-1], "name": "t9", "seed": 9})  # no echo2 run with seed 9: left out of the pairs
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -103,3 +104,5 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     assert cells[2] == "0.500 [0.500, 0.500] (n=3)"
     assert cells[3] == "2/3"
     assert cells[4] == "0.375 [0.250, 0.500] (n=2)"
+    bench.plot(rows, tmp_path / "vs_trl.png")  # reward and held-out accuracy against wall time, seeds as bands
+    assert (tmp_path / "vs_trl.png").stat().st_size > 0

@@ -244,13 +244,13 @@ def run_bench(
         row = row_of(setting, out, wall, evaluate_run(cfg, out))
         with open(cfg.out_dir / "rows.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        _prune(out)
+        prune(out)
         rows.append(row)
         on_row(row)
     return rows
 
 
-def _prune(out: Path) -> None:
+def prune(out: Path) -> None:
     """Keep metrics, decisions and logs; the versions, worker copies and checkpoints are ~1 GB a run."""
     for name in ("versions", "workers", "checkpoints"):
         shutil.rmtree(out / name, ignore_errors=True)
