@@ -5,7 +5,10 @@ Both sides: the default model (SmolLM2-135M-Instruct), the arithmetic task's tra
 1, AdamW with betas (0.9, 0.99) and no weight decay, PPO clip 0.2, no KL term, a token-level mean loss
 (TRL's `dapo`, echo2's DAPO mean), rewards scaled by the group's std, gradient norm clipped at 1, a constant
 learning rate, one optimizer step per batch, and the same number of steps. Then `echo2 eval` scores each final
-model on the same held-out problems.
+model on the same held-out problems, each as it sampled while training: echo2's checkpoint rounded to bf16 (what
+its workers ran), TRL's fp32 weights. An engine computing in bf16 (a CPU with AVX512-BF16, a GPU) rounds TRL's
+weights itself, which undoes most of what 20 small steps changed; compare TRL on a host computing in fp32.
+echo2's every `--eval-every`-th version is scored too, for the wall time it took to reach TRL's final accuracy.
 
 echo2's side is the default demo (`echo2 demo`: a learner and two local workers, S = 2, lr 5e-5). TRL's
 side is its GRPOTrainer as a user runs it on a CPU box: one process, generation with transformers'
@@ -13,9 +16,10 @@ side is its GRPOTrainer as a user runs it on a CPU box: one process, generation 
 (its own default is 1e-6) so that it is compared at its best, not at echo2's.
 
     .venv/bin/pip install -e '.[bench]'         # TRL (not needed by echo2 itself)
-    .venv/bin/python scripts/bench_vs_trl.py --trl-lrs 1e-6,1e-5 --seeds 0,1 --out runs/vs-trl
+    .venv/bin/python scripts/bench_vs_trl.py --trl-lrs 3e-6,1e-5,3e-5 --seeds 0,1 --out runs/vs-trl
 
-Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones); the table is printed at the end.
+Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones, so more seeds or rates can be added
+to the same OUT later); the tables are printed and OUT/vs_trl.png drawn at the end.
 """
 
 from __future__ import annotations
@@ -158,14 +162,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/vs-trl"))
     p.add_argument("--seeds", default="0,1", help="seeds for each side, comma-separated")
-    p.add_argument("--trl-lrs", default="1e-6,1e-5", help="TRL learning rates to run, comma-separated")
+    p.add_argument("--trl-lrs", default="3e-6,1e-5,3e-5", help="TRL learning rates to run, comma-separated")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-limit", type=int, default=200)
     p.add_argument("--eval-k", type=int, default=4)
     p.add_argument(
         "--eval-every",
         type=int,
-        default=4,
+        default=2,
         help="also score every N-th echo2 version (greedy): the wall time echo2 took to reach TRL's final "
         "accuracy, seed by seed (0 = the final model only)",
     )
