@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from echo2cli.config import WorkerConfig
-from echo2cli.worker.engine import GpuSettings, engine_kwargs
+from echo2cli.worker.engine import GpuSettings, cpu_list, engine_kwargs, instance_dict
 
 
 def kwargs(cuda: bool, gpu: GpuSettings = GpuSettings(), dtype: str = "auto") -> dict:
@@ -28,3 +28,29 @@ def test_the_cpu_path_keeps_its_measured_settings_whatever_the_gpu_flags():
 def test_worker_flags_default_to_the_settings_before_they_existed():
     cfg = WorkerConfig(join="http://learner")
     assert GpuSettings(cfg.gpu_memory_utilization, cfg.tensor_parallel_size, cfg.max_num_seqs) == GpuSettings()
+
+
+def test_an_in_process_engine_reads_the_cpu_lists_of_one_engine_and_nothing_else():
+    assert cpu_list("0") == {0} and cpu_list("0,1") == {0, 1} and cpu_list("0-3,6") == {0, 1, 2, 3, 6}
+    assert cpu_list(" 2 , 4-5") == {2, 4, 5}
+    for other in ("", "auto", "nobind", "0-1|2-3", "a", "1-", "-1", "0,,1"):
+        assert cpu_list(other) == set(), other
+
+
+class AnswersEverything:
+    """Like llvmlite's library wrapper (loaded with numba): every attribute, `__dict__` too, is a function."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> object:
+        return lambda: None
+
+
+def test_the_kernel_scan_of_an_in_process_engine_gets_a_mapping_for_any_object():
+    class Plain:
+        def __init__(self) -> None:
+            self.kernel = 1
+
+    assert instance_dict(Plain()) == {"kernel": 1}
+    assert instance_dict(AnswersEverything()) == {}  # vLLM's scan called .get on it and failed
+    assert instance_dict(Plain)["__init__"] is Plain.__init__  # a class's mappingproxy stands

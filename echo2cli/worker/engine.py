@@ -39,6 +39,9 @@ from echo2cli.protocol import LoraSpec
 from echo2cli.worker.reaper import start_reaper
 from echo2cli.worker.vllm_plugin import BUSY_LOOP_ENV, STORE_DIR_ENV
 
+# vLLM's switch between an engine in processes of its own (its default, "1") and one in the creating process ("0")
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
 # How long vLLM's model-runner process busy-waits for the next message before it sleeps (vLLM's own: 1 s).
 # Decode steps come a few ms apart, so generation keeps the fast path; an engine between leases or on standby
 # stops burning a core 50 ms after its last message (vllm_plugin.py; docs/BENCHMARKS.md "Idle engines").
@@ -55,6 +58,51 @@ def socket_dir() -> None:
         os.environ["VLLM_RPC_BASE_PATH"] = path
         os.environ.setdefault(STORE_DIR_ENV, path)
         atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+def cpu_list(spec: str) -> set[int]:
+    """The CPUs of a list such as "0", "0,1" or "0-3,6" (VLLM_CPU_OMP_THREADS_BIND's form for one engine); empty
+    for anything else ("auto", "nobind", one list per rank joined by "|")."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            return set()
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def pin_model_threads(spec: str) -> None:
+    """An engine in this process runs its model on the calling thread, and vLLM's CPU executor binds OpenMP only
+    in the processes it spawns: give the model the CPUs `spec` names (VLLM_CPU_OMP_THREADS_BIND), one torch
+    thread each, and pin this thread to them (threads it starts later inherit that). Anything but a list leaves
+    torch's default."""
+    cpus = cpu_list(spec)
+    if not cpus:
+        return
+    import torch
+
+    torch.set_num_threads(len(cpus))  # before vLLM's CPU worker replaces set_num_threads with a no-op
+    os.sched_setaffinity(0, cpus)
+
+
+def instance_dict(obj: Any) -> Any:
+    """`vars(obj)`, or an empty dict where that is not a mapping: llvmlite's library wrapper (numba's, which the
+    delta kernels load) answers every attribute, `__dict__` included, with a function wrapper."""
+    found = vars(obj)
+    return found if hasattr(found, "get") else {}
+
+
+def tolerate_foreign_dicts() -> None:
+    """vLLM's CPU worker rebinds kernels by scanning every module's globals and reading `vars(value).get(...)` of
+    each; in a process that has loaded numba that read fails ("'_lib_fn_wrapper' object has no attribute 'get'").
+    vLLM's own processes never load numba; an engine in this process does, so its scan gets a `vars` that
+    tolerates the wrapper."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM version: leave it as it is
+        return
+    dispatcher.vars = instance_dict  # the module's global shadows the builtin
 
 
 @dataclass
@@ -128,11 +176,18 @@ class Engine:
         gpu: GpuSettings = GpuSettings(),
         lora: LoraSpec | None = None,
         adapters_kept: int = 1,
+        in_process: bool = False,
     ) -> None:
         """`lora`: versions after the first are adapters of this spec (`load_adapter`), `adapters_kept` of them
         held by vLLM at once. `all_cpus` (CPU only): run the model on every CPU this process may use. vLLM's
         default keeps one for its scheduler process, which on 2 cores halves the model's share; an engine that has
-        the machine to itself (`echo2 eval`) is ~1.5x faster with both (docs/BENCHMARKS.md)."""
+        the machine to itself (`echo2 eval`) is ~1.5x faster with both (docs/BENCHMARKS.md).
+
+        `in_process` (CPU only; VLLM_ENABLE_V1_MULTIPROCESSING=1 overrides it): run vLLM's engine core and model
+        runner in this process, not in two of their own that each import vLLM and torch again. The engine starts
+        sooner and there is no engine process to outlive this one (docs/BENCHMARKS.md, "The CPU engine in the
+        worker's process"). One such engine per process: vLLM then caches its environment, seeds this process's
+        random generators and disables `torch.set_num_threads` here."""
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -154,8 +209,13 @@ class Engine:
         if not cuda and all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             # read by the engine process vLLM spawns, which inherits this environment
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        # read when LLM() builds its engine: vLLM's envs are not cached before the first engine core starts
+        in_process = in_process and not cuda and os.environ.setdefault(MULTIPROCESSING_ENV, "0") == "0"
+        if in_process:
+            pin_model_threads(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+            tolerate_foreign_dicts()
         # vLLM's engine processes do not die with this one: a watchdog kills them if we are killed (reaper.py)
-        self._reaper = start_reaper()
+        self._reaper = None if in_process else start_reaper()
         if not cuda:  # read by vllm_plugin.py in the processes vLLM starts: idle engines do not spin
             os.environ.setdefault(BUSY_LOOP_ENV, str(ENGINE_BUSY_LOOP_S))
         socket_dir()

@@ -468,6 +468,7 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             dtype=cfg.dtype,
             lora=lora,
             adapters_kept=worker.join_info.staleness + 2,  # every admissible version, and the one arriving
+            in_process=True,  # on CPU: no engine processes of its own to start (engine.py)
         )
 
     worker = Worker(cfg, client=client, make_node=make_node, make_engine=make_engine, console=console)

@@ -1,10 +1,11 @@
 """A watchdog that takes a worker's engine processes down with it.
 
-vLLM runs its engine in child processes (EngineCore, and its own workers, which follow EngineCore through a
-death pipe). Nothing makes EngineCore follow *its* parent: after `kill -9` of an `echo2 worker`, or an OOM
-kill, EngineCore is re-parented to init and keeps running, with its CPU share and memory (docs/BENCHMARKS.md,
-"A killed worker's engine"); on a GPU host it would keep the GPU's memory, and a restarted worker could not
-start its engine.
+On a GPU host vLLM runs its engine in child processes (EngineCore, and its own workers, which follow EngineCore
+through a death pipe); a CPU worker runs its engine in its own process (`engine.py`, `in_process`) and needs no
+watchdog unless VLLM_ENABLE_V1_MULTIPROCESSING=1 asks for vLLM's processes there too. Nothing makes EngineCore
+follow *its* parent: after `kill -9` of an `echo2 worker`, or an OOM kill, EngineCore is re-parented to init and
+keeps running, with its CPU share and memory (docs/BENCHMARKS.md, "A killed worker's engine"); on a GPU host it
+would keep the GPU's memory, and a restarted worker could not start its engine.
 
 So before it starts an engine, a worker starts this watchdog (`python -m echo2cli.worker.reaper PID`) in a
 session of its own, where Ctrl-C to the worker's terminal does not reach it. Every 0.5 s it notes the

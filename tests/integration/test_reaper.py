@@ -1,5 +1,7 @@
 """A worker killed with SIGKILL takes its vLLM engine processes with it, and a worker restarted on the same
-work directory comes up and generates. Real learner, real workers, real vLLM; ~2-3 minutes on 2 cores."""
+work directory comes up and generates. The engine runs in processes of its own here as on a GPU host (on CPU a
+worker's engine runs in its own process unless VLLM_ENABLE_V1_MULTIPROCESSING=1). Real learner, real workers,
+real vLLM; ~2-3 minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(t
                 "0.5",
             ],
             tmp_path / "w.log",
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},  # on CPU the engine runs in the worker's process otherwise
         )
 
     learner = spawn(
