@@ -183,11 +183,11 @@ class Engine:
         default keeps one for its scheduler process, which on 2 cores halves the model's share; an engine that has
         the machine to itself (`echo2 eval`) is ~1.5x faster with both (docs/BENCHMARKS.md).
 
-        `in_process` (CPU only; VLLM_ENABLE_V1_MULTIPROCESSING=1 overrides it): run vLLM's engine core and model
-        runner in this process, not in two of their own that each import vLLM and torch again. The engine starts
-        sooner and there is no engine process to outlive this one (docs/BENCHMARKS.md, "The CPU engine in the
-        worker's process"). One such engine per process: vLLM then caches its environment, seeds this process's
-        random generators and disables `torch.set_num_threads` here."""
+        `in_process` (CPU only; VLLM_ENABLE_V1_MULTIPROCESSING=1 overrides it, =0 implies it): run vLLM's engine
+        core and model runner in this process, not in two of their own that each import vLLM and torch again. The
+        engine starts sooner and there is no engine process to outlive this one (docs/BENCHMARKS.md, "The CPU
+        engine in the worker's process"). One such engine per process: vLLM then caches its environment, seeds
+        this process's random generators and disables `torch.set_num_threads` here."""
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -210,7 +210,9 @@ class Engine:
             # read by the engine process vLLM spawns, which inherits this environment
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         # read when LLM() builds its engine: vLLM's envs are not cached before the first engine core starts
-        in_process = in_process and not cuda and os.environ.setdefault(MULTIPROCESSING_ENV, "0") == "0"
+        if in_process and not cuda:
+            os.environ.setdefault(MULTIPROCESSING_ENV, "0")
+        in_process = not cuda and os.environ.get(MULTIPROCESSING_ENV) == "0"  # asked for here or by the user
         if in_process:
             pin_model_threads(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
             tolerate_foreign_dicts()
