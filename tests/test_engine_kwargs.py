@@ -1,5 +1,6 @@
 """The worker's vLLM arguments: the CPU path keeps its measured settings, a GPU host takes its flags."""
 
+import os
 from pathlib import Path
 
 from echo2cli.config import WorkerConfig
@@ -54,3 +55,22 @@ def test_the_kernel_scan_of_an_in_process_engine_gets_a_mapping_for_any_object()
     assert instance_dict(Plain()) == {"kernel": 1}
     assert instance_dict(AnswersEverything()) == {}  # vLLM's scan called .get on it and failed
     assert instance_dict(Plain)["__init__"] is Plain.__init__  # a class's mappingproxy stands
+
+
+def test_an_engine_runs_in_process_on_cpu_when_asked_or_when_the_user_says_so_and_never_against_the_user(
+    monkeypatch,
+):
+    from echo2cli.worker import engine
+
+    prepared: list[str] = []
+    monkeypatch.setattr(engine, "pin_model_threads", prepared.append)  # it would pin this test's own thread
+    monkeypatch.setattr(engine, "tolerate_foreign_dicts", lambda: None)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")
+    monkeypatch.delenv(engine.MULTIPROCESSING_ENV, raising=False)
+    assert not engine.prepare_in_process(asked=True, cuda=True) and engine.MULTIPROCESSING_ENV not in os.environ
+    assert not engine.prepare_in_process(asked=False, cuda=False) and not prepared
+    assert engine.prepare_in_process(asked=True, cuda=False) and os.environ[engine.MULTIPROCESSING_ENV] == "0"
+    assert prepared == ["1"]
+    assert engine.prepare_in_process(asked=False, cuda=False)  # vLLM would run it in-process all the same
+    monkeypatch.setenv(engine.MULTIPROCESSING_ENV, "1")
+    assert not engine.prepare_in_process(asked=True, cuda=False) and prepared == ["1", "1"]

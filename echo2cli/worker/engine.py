@@ -105,6 +105,22 @@ def tolerate_foreign_dicts() -> None:
     dispatcher.vars = instance_dict  # the module's global shadows the builtin
 
 
+def prepare_in_process(asked: bool, cuda: bool) -> bool:
+    """Whether vLLM will run the next engine in this process (CPU only: asked for here, or by the user's
+    VLLM_ENABLE_V1_MULTIPROCESSING=0; =1 keeps vLLM's processes); if so, its threads pinned and its kernel scan
+    made safe. vLLM reads the switch when LLM() builds the engine: its environment is not cached before the first
+    engine core starts."""
+    if cuda:
+        return False
+    if asked:
+        os.environ.setdefault(MULTIPROCESSING_ENV, "0")
+    if os.environ.get(MULTIPROCESSING_ENV) != "0":
+        return False
+    pin_model_threads(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    tolerate_foreign_dicts()
+    return True
+
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -209,13 +225,7 @@ class Engine:
         if not cuda and all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             # read by the engine process vLLM spawns, which inherits this environment
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        # read when LLM() builds its engine: vLLM's envs are not cached before the first engine core starts
-        if in_process and not cuda:
-            os.environ.setdefault(MULTIPROCESSING_ENV, "0")
-        in_process = not cuda and os.environ.get(MULTIPROCESSING_ENV) == "0"  # asked for here or by the user
-        if in_process:
-            pin_model_threads(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
-            tolerate_foreign_dicts()
+        in_process = prepare_in_process(in_process, cuda)
         # vLLM's engine processes do not die with this one: a watchdog kills them if we are killed (reaper.py)
         self._reaper = None if in_process else start_reaper()
         if not cuda:  # read by vllm_plugin.py in the processes vLLM starts: idle engines do not spin
