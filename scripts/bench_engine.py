@@ -40,10 +40,10 @@ VARIANTS = {
 def child(variant: str) -> None:
     settings = VARIANTS[variant]
     if settings["in_process"]:  # as a worker's engine (echo2cli/worker/engine.py)
-        from echo2cli.worker.engine import MULTIPROCESSING_ENV, pin_model_threads
+        from echo2cli.hardware import has_cuda
+        from echo2cli.worker.engine import prepare_in_process
 
-        os.environ[MULTIPROCESSING_ENV] = "0"
-        pin_model_threads(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+        prepare_in_process(asked=True, cuda=has_cuda())
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
