@@ -51,11 +51,12 @@ def evaluate(model_or_run: list[str], limit: int, k: int) -> dict[str, Any]:
     return {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
 
 
-def run_echo2(out: Path, seed: int, steps: int, keep_every: int) -> dict[str, Any]:
-    """The default demo; wall time from its summary (learner start to the last step, workers included), and
-    the wall time at which each version was trained: the demo's wall time less what came after that version,
-    so the learner's start-up is counted in every version's time."""
+def run_echo2(out: Path, seed: int, lr: float, steps: int, keep_every: int) -> dict[str, Any]:
+    """The default demo at learning rate `lr`; wall time from its summary (learner start to the last step,
+    workers included), and the wall time at which each version was trained: the demo's wall time less what came
+    after that version, so the learner's start-up is counted in every version's time."""
     argv = [sys.executable, "-m", "echo2cli", "demo", "--out", str(out), "--steps", str(steps), "--seed", str(seed)]
+    argv += ["--lr", f"{lr:g}"]
     argv += ["--keep-versions-every", str(keep_every)] if keep_every else []
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "demo_summary.json").read_text())
@@ -163,6 +164,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/vs-trl"))
     p.add_argument("--seeds", default="0,1", help="seeds for each side, comma-separated")
     p.add_argument("--trl-lrs", default="3e-6,1e-5,3e-5", help="TRL learning rates to run, comma-separated")
+    demo_lr = DemoConfig.model_fields["lr"].default
+    p.add_argument(
+        "--echo2-lrs", default=f"{demo_lr:g}", help="echo2 learning rates to run, comma-separated (the demo's default)"
+    )
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--eval-limit", type=int, default=200)
     p.add_argument("--eval-k", type=int, default=4)
@@ -179,8 +184,7 @@ def main() -> None:
     rows_path = a.out / "rows.jsonl"
     done = {r["name"] for r in map(json.loads, rows_path.read_text().splitlines())} if rows_path.exists() else set()
     seeds = [int(s) for s in a.seeds.split(",")]
-    demo_lr = DemoConfig.model_fields["lr"].default  # the demo runs at its default
-    plan = [] if a.skip_echo2 else [("echo2", demo_lr, s) for s in seeds]
+    plan = [] if a.skip_echo2 else [("echo2", float(lr), s) for lr in a.echo2_lrs.split(",") for s in seeds]
     plan += [("trl", float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
     for side, lr, seed in plan:
         name = f"{side}-lr{lr:g}-seed{seed}"
@@ -188,7 +192,7 @@ def main() -> None:
             continue
         out = a.out / name
         if side == "echo2":
-            res = run_echo2(out, seed, a.steps, a.eval_every)
+            res = run_echo2(out, seed, lr, a.steps, a.eval_every)
             ev = evaluate(["--run", str(out)], a.eval_limit, a.eval_k)
             res["eval_curve"] = echo2_curve(out, {**res, "steps": a.steps}, ev, a.eval_every, a.eval_limit)
             prune(out)  # versions, workers' copies and checkpoints: ~6 GB a run
@@ -231,36 +235,40 @@ def report(rows_path: Path) -> None:
 
 
 def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
-    """echo2 against TRL at each learning rate, seed by seed (echo2cli/bench/paired.py): the difference in
-    held-out accuracy and the ratio of wall times, each with a bootstrap 95 % interval over the shared seeds."""
+    """echo2 at each of its learning rates against TRL at each of its own, seed by seed
+    (echo2cli/bench/paired.py): the difference in held-out accuracy and the ratio of wall times, each with a
+    bootstrap 95 % interval over the shared seeds."""
+    print(
+        "\n| echo2 lr | TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] "
+        "| wall time, echo2 / TRL, paired [95% CI] | echo2 reached TRL's final accuracy "
+        "| time to it, echo2 / TRL's wall time, paired [95% CI] |"
+    )
+    print("|---|---|---|---|---|---|")
+    for (side, echo2_lr), echo2 in sorted(keyed.items()):
+        if side != "echo2":
+            continue
+        for (other, trl_lr), runs in sorted(keyed.items()):
+            if other == "trl":
+                print(f"| {echo2_lr:g} | {trl_lr:g} | {paired_cells(echo2, runs)} |")
+
+
+def paired_cells(echo2: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:
+    """One row of the paired table: echo2's runs against TRL's, matched by seed."""
     from echo2cli.bench.paired import describe, paired_difference, seed_mean, time_to
 
-    echo2 = next((runs for (side, _), runs in keyed.items() if side == "echo2"), [])
-    if not echo2:
-        return
-    print(
-        "\n| TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] | wall time, echo2 / TRL, paired [95% CI] "
-        "| echo2 reached TRL's final accuracy | time to it, echo2 / TRL's wall time, paired [95% CI] |"
+    acc = paired_difference(
+        {r["seed"]: r["greedy_accuracy"] for r in echo2}, {r["seed"]: r["greedy_accuracy"] for r in trl}
     )
-    print("|---|---|---|---|---|")
-    for (side, lr), runs in sorted(keyed.items()):
-        if side != "trl":
-            continue
-        acc = paired_difference(
-            {r["seed"]: r["greedy_accuracy"] for r in echo2}, {r["seed"]: r["greedy_accuracy"] for r in runs}
-        )
-        trl_wall = {r["seed"]: r["wall_s"] for r in runs}
-        ratio = seed_mean({r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall})
-        # the same seed's TRL run sets the target: the first scored echo2 version at or above its final accuracy
-        trl_acc = {r["seed"]: r["greedy_accuracy"] for r in runs}
-        hits = {
-            r["seed"]: time_to(r.get("eval_curve") or [], trl_acc[r["seed"]]) for r in echo2 if r["seed"] in trl_acc
-        }
-        reach = seed_mean({s: t / trl_wall[s] for s, t in hits.items() if t is not None})
-        print(
-            f"| {lr:g} | {describe(acc)} | {describe(ratio).replace('+', '')} "
-            f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')} |"
-        )
+    trl_wall = {r["seed"]: r["wall_s"] for r in trl}
+    ratio = seed_mean({r["seed"]: r["wall_s"] / trl_wall[r["seed"]] for r in echo2 if r["seed"] in trl_wall})
+    # the same seed's TRL run sets the target: the first scored echo2 version at or above its final accuracy
+    trl_acc = {r["seed"]: r["greedy_accuracy"] for r in trl}
+    hits = {r["seed"]: time_to(r.get("eval_curve") or [], trl_acc[r["seed"]]) for r in echo2 if r["seed"] in trl_acc}
+    reach = seed_mean({s: t / trl_wall[s] for s, t in hits.items() if t is not None})
+    return (
+        f"{describe(acc)} | {describe(ratio).replace('+', '')} "
+        f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')}"
+    )
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
