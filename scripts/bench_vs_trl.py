@@ -13,7 +13,8 @@ echo2's every `--eval-every`-th version is scored too, for the wall time it took
 echo2's side is the default demo (`echo2 demo`: a learner and two local workers, S = 2, lr 5e-5). TRL's
 side is its GRPOTrainer as a user runs it on a CPU box: one process, generation with transformers'
 `generate` (TRL's vLLM modes need a GPU), synchronous. TRL is run at each learning rate of `--trl-lrs`
-(its own default is 1e-6) so that it is compared at its best, not at echo2's.
+(its own default is 1e-6) so that it is compared at its best, not at echo2's; echo2 at each rate of
+`--echo2-lrs` (the demo's default unless given), so that each side's rate can be chosen the same way.
 
     .venv/bin/pip install -e '.[bench]'         # TRL (not needed by echo2 itself)
     .venv/bin/python scripts/bench_vs_trl.py --trl-lrs 3e-6,1e-5,3e-5 --seeds 0,1 --out runs/vs-trl

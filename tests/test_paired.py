@@ -96,13 +96,16 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
             | {"step_s": [trl_wall / 20] * 20}
         )
     rows.append({**rows[-1], "name": "t9", "seed": 9})  # no echo2 run with seed 9: left out of the pairs
+    rows.append({**rows[0], "name": "e0-lr2e-5", "lr": 2e-5, "greedy_accuracy": 0.5})  # a second echo2 rate, one seed
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     bench.report(tmp_path / "rows.jsonl")
-    cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
-    assert cells[0] == "1e-05"
-    assert cells[1].startswith("+0.077 [") and cells[1].endswith("(n=3)")  # 0.15, 0.18, -0.10
-    assert cells[2] == "0.500 [0.500, 0.500] (n=3)"
-    assert cells[3] == "2/3"
-    assert cells[4] == "0.375 [0.250, 0.500] (n=2)"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("| 2e-05 | 1e-05 | +0.050 (n=1) |")  # each echo2 rate has its row
+    cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert cells[:2] == ["5e-05", "1e-05"]
+    assert cells[2].startswith("+0.077 [") and cells[2].endswith("(n=3)")  # 0.15, 0.18, -0.10
+    assert cells[3] == "0.500 [0.500, 0.500] (n=3)"
+    assert cells[4] == "2/3"
+    assert cells[5] == "0.375 [0.250, 0.500] (n=2)"
     bench.plot(rows, tmp_path / "vs_trl.png")  # reward and held-out accuracy against wall time, seeds as bands
     assert (tmp_path / "vs_trl.png").stat().st_size > 0
