@@ -83,8 +83,37 @@ def echo2_curve(out: Path, res: dict[str, Any], final: dict[str, Any], every: in
     return [{**p, "time_s": res["time_s"][p["version"] - 1]} for p in points]
 
 
-def run_trl(out: Path, seed: int, lr: float, steps: int) -> dict[str, Any]:
-    """TRL's GRPOTrainer with echo2's settings; wall time of `train()` (model load excluded)."""
+def rounded_policy() -> Any:
+    """A TRL callback that gives TRL echo2's numerics: the policy it samples from and scores is its fp32 weights
+    rounded to bf16, as a version is published (and as a bf16 engine on a GPU holds it); the fp32 master is put
+    back for each optimizer step (echo2cli/learner/rounding.py does the same in echo2's learner)."""
+    from transformers import TrainerCallback
+
+    class RoundedPolicy(TrainerCallback):
+        def __init__(self) -> None:
+            self.master: dict[str, Any] = {}
+
+        def _round(self, model: Any) -> None:
+            for name, p in model.named_parameters():
+                self.master[name] = p.data.clone()
+                p.data.copy_(p.data.bfloat16())
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            self._round(model)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            for name, p in model.named_parameters():
+                p.data.copy_(self.master[name])
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            self._round(model)
+
+    return RoundedPolicy()
+
+
+def run_trl(out: Path, seed: int, lr: float, steps: int, rounded: bool = False) -> dict[str, Any]:
+    """TRL's GRPOTrainer with echo2's settings; wall time of `train()` (model load excluded). `rounded`: its
+    policy rounded to bf16 as echo2's is (`rounded_policy`); the saved model is then the rounded one."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -149,7 +178,7 @@ def run_trl(out: Path, seed: int, lr: float, steps: int) -> dict[str, Any]:
         args=args,
         train_dataset=data,
         processing_class=tok,
-        callbacks=[StepClock()],
+        callbacks=[StepClock(), *([rounded_policy()] if rounded else [])],
     )
     t0 = time.time()
     trainer.train()
@@ -179,6 +208,12 @@ def main() -> None:
         help="also score every N-th echo2 version (greedy): the wall time echo2 took to reach TRL's final "
         "accuracy, seed by seed (0 = the final model only)",
     )
+    p.add_argument(
+        "--trl-bf16-lrs",
+        default="",
+        help="also run TRL at these rates with its policy rounded to bf16 as echo2's is (side trl-bf16): "
+        "sampled and scored on its fp32 weights rounded, stepped on the fp32 master",
+    )
     p.add_argument("--skip-echo2", action="store_true")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +222,7 @@ def main() -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     plan = [] if a.skip_echo2 else [("echo2", float(lr), s) for lr in a.echo2_lrs.split(",") for s in seeds]
     plan += [("trl", float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
+    plan += [("trl-bf16", float(lr), s) for lr in a.trl_bf16_lrs.split(",") if lr for s in seeds]
     for side, lr, seed in plan:
         name = f"{side}-lr{lr:g}-seed{seed}"
         if name in done:
@@ -198,7 +234,7 @@ def main() -> None:
             res["eval_curve"] = echo2_curve(out, {**res, "steps": a.steps}, ev, a.eval_every, a.eval_limit)
             prune(out)  # versions, workers' copies and checkpoints: ~6 GB a run
         else:
-            res = run_trl(out, seed, lr, a.steps)
+            res = run_trl(out, seed, lr, a.steps, rounded=side == "trl-bf16")
             ev = evaluate(
                 ["--model", str(out / "final"), "--max-new-tokens", str(MAX_NEW_TOKENS)], a.eval_limit, a.eval_k
             )
@@ -249,7 +285,7 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
         if side != "echo2":
             continue
         for (other, trl_lr), runs in sorted(keyed.items()):
-            if other == "trl":
+            if other.startswith("trl"):
                 print(f"| {echo2_lr:g} | {trl_lr:g} | {paired_cells(echo2, runs)} |")
 
 

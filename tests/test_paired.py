@@ -109,3 +109,28 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     assert cells[5] == "0.375 [0.250, 0.500] (n=2)"
     bench.plot(rows, tmp_path / "vs_trl.png")  # reward and held-out accuracy against wall time, seeds as bands
     assert (tmp_path / "vs_trl.png").stat().st_size > 0
+
+
+def test_trl_with_echo2s_numerics_samples_rounded_weights_and_steps_the_fp32_master():
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    path = Path(__file__).parent.parent / "scripts" / "bench_vs_trl.py"
+    spec = importlib.util.spec_from_file_location("bench_vs_trl", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = torch.nn.Linear(4, 4)
+    master = model.weight.data.clone()
+    callback = bench.rounded_policy()
+    callback.on_train_begin(None, None, None, model=model)
+    assert torch.equal(model.weight.data, master.bfloat16().float())  # the policy: the weights as published
+    assert not torch.equal(model.weight.data, master)
+    callback.on_pre_optimizer_step(None, None, None, model=model)
+    assert torch.equal(model.weight.data, master)  # the optimizer steps the fp32 master
+    model.weight.data.add_(1e-5)
+    callback.on_optimizer_step(None, None, None, model=model)
+    assert torch.equal(model.weight.data, (master + 1e-5).bfloat16().float())
+    callback.on_pre_optimizer_step(None, None, None, model=model)
+    assert torch.equal(model.weight.data, master + 1e-5)  # a step below a bf16 ulp is kept in the master
