@@ -72,7 +72,7 @@ class LearnerConfig(_Config):
         "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
         "train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
-        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s",
+        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s master_dither",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
         "guard_kl_max guard_clip_max",
         "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
@@ -125,6 +125,12 @@ class LearnerConfig(_Config):
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
+    master_dither: bool = Field(
+        True,
+        description="start each fp32 master weight at a random point of its bf16 rounding interval (version 0 is "
+        "unchanged): a step smaller than half a bf16 ulp then reaches the published policy on average, instead of "
+        "being lost until the master has moved half an ulp",
+    )
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
     )
@@ -197,7 +203,7 @@ class LearnerConfig(_Config):
     lora_targets: str = Field(
         DEFAULT_TARGETS, description="comma-separated names of the linear layers that get adapters"
     )
-    seed: int = Field(0, description="seed of the prompt stream and of torch")
+    seed: int = Field(0, description="seed of the prompt stream, of torch and of the master dither")
     host: str = Field("127.0.0.1", description="address the HTTP API and tracker bind to")
     port: int = Field(8700, ge=0, le=65535, description="port of the API and tracker (0 = any free port)")
     public_url: str | None = Field(

@@ -307,3 +307,13 @@ def test_a_checkpoint_is_evaluated_as_the_version_published_from_it(tiny_model_d
         torch.equal(rounded[k].float(), v) for k, v in load_file(str(checkpoint / "model.safetensors")).items()
     )
     assert not model_dir.exists()
+
+
+def test_a_dithered_master_publishes_version_0_unchanged(tiny_model_dir):
+    """`--master-dither` moves the fp32 master inside each weight's bf16 rounding interval: the workers' version 0
+    is byte for byte the one published without it."""
+    plain, dithered = make_trainer(tiny_model_dir, bf16=False), make_trainer(tiny_model_dir, bf16=False, dither_seed=0)
+    published, dithered_published = plain.weights_bf16(), dithered.weights_bf16()
+    assert all(torch.equal(published[k], dithered_published[k]) for k in published)
+    masters = zip(plain.model.parameters(), dithered.model.parameters(), strict=True)
+    assert not all(torch.equal(p, q) for p, q in masters)

@@ -161,6 +161,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         geo_high=cfg.geo_high,
         share_prompts=cfg.share_prompts,
         lora=lora_spec(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets),
+        dither_seed=cfg.seed if cfg.master_dither else None,
     )
 
 

@@ -34,7 +34,7 @@ from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
 from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
-from echo2cli.learner.rounding import as_published, read_at_fp32
+from echo2cli.learner.rounding import as_published, dither_master, read_at_fp32
 from echo2cli.learner.types import Group
 from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
@@ -280,6 +280,7 @@ class Trainer:
         model: torch.nn.Module | None = None,
         bf16: bool | None = None,
         compile: bool = False,
+        dither_seed: int | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
         ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
@@ -291,7 +292,8 @@ class Trainer:
         frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
         (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
         layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX). `compile`:
-        each decoder layer through `torch.compile` at the first step (`compile_layers`)."""
+        each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`: move the
+        fp32 master weights inside their bf16 rounding intervals with this seed (`rounding.dither_master`)."""
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -312,6 +314,8 @@ class Trainer:
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
         trainable, fused = [p for p in self.model.parameters() if p.requires_grad], self.device.type == "cuda"
+        if dither_seed is not None:
+            dither_master(trainable, dither_seed)
         self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
