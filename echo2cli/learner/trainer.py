@@ -257,6 +257,15 @@ def read_back(
     return sums, outliers
 
 
+def adamw(model: torch.nn.Module, lr: float, fused: bool, dither_seed: int | None) -> torch.optim.AdamW:
+    """AdamW on the trainable parameters, whose fp32 master is first dithered inside its bf16 rounding intervals
+    with `dither_seed` unless it is None (`rounding.dither_master`: small steps then reach the published policy)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if dither_seed is not None:
+        dither_master(trainable, dither_seed)
+    return torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
+
+
 class Trainer:
     def __init__(
         self,
@@ -292,8 +301,7 @@ class Trainer:
         frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
         (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
         layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX). `compile`:
-        each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`: move the
-        fp32 master weights inside their bf16 rounding intervals with this seed (`rounding.dither_master`)."""
+        each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`: `adamw`."""
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -313,10 +321,7 @@ class Trainer:
         self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
-        trainable, fused = [p for p in self.model.parameters() if p.requires_grad], self.device.type == "cuda"
-        if dither_seed is not None:
-            dither_master(trainable, dither_seed)
-        self.opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
+        self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
