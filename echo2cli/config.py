@@ -123,7 +123,7 @@ class LearnerConfig(_Config):
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature on the workers")
     staleness: int = Field(2, ge=0, description="S: step t may train on rollouts of version x iff t - x <= S")
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
-    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
     master_dither: bool = Field(
         True,
@@ -439,7 +439,7 @@ class DemoConfig(_Config):
     prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     staleness: int = Field(2, ge=0, description="S: max policy lag of a trained rollout")
-    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
     seed: int = Field(0, description="the learner's seed (prompt order, torch); worker i samples with seed + i")
     lora_rank: int = Field(0, ge=0, le=512, description="train LoRA adapters of this rank (0 = the full model)")
     report_to: str = Field("jsonl", description="the learner's loggers: jsonl, tensorboard, wandb, trackio")
@@ -646,7 +646,7 @@ class BenchStalenessConfig(_Config):
     prompts_per_step: int = Field(4, ge=1, description="prompts per learner step; B = prompts_per_step * G")
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")
-    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
     lora_rank: str = Field(
         "0", description="LoRA ranks to run, comma-separated (0 = full fine-tuning; `echo2 learner --lora-rank`)"
     )

@@ -10,7 +10,7 @@ its workers ran), TRL's fp32 weights. An engine computing in bf16 (a CPU with AV
 weights itself, which undoes most of what 20 small steps changed; compare TRL on a host computing in fp32.
 echo2's every `--eval-every`-th version is scored too, for the wall time it took to reach TRL's final accuracy.
 
-echo2's side is the default demo (`echo2 demo`: a learner and two local workers, S = 2, lr 5e-5). TRL's
+echo2's side is the default demo (`echo2 demo`: a learner and two local workers, S = 2, lr 2e-5). TRL's
 side is its GRPOTrainer as a user runs it on a CPU box: one process, generation with transformers'
 `generate` (TRL's vLLM modes need a GPU), synchronous. TRL is run at each learning rate of `--trl-lrs`
 (its own default is 1e-6) so that it is compared at its best, not at echo2's; echo2 at each rate of
