@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from echo2cli.models import prepare_default_model  # noqa: E402
 from scripts.bench_rounding import PAIRS, batch, token_logp  # noqa: E402
 
 
-def trajectory(model_dir: Path, tok, lr: float, steps: int, dither: bool) -> list[dict[str, float]]:
+def trajectory(model_dir: Path, tok: Any, lr: float, steps: int, dither: bool) -> list[dict[str, float]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

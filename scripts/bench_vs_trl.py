@@ -286,7 +286,8 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
             continue
         for (other, trl_lr), runs in sorted(keyed.items()):
             if other.startswith("trl"):
-                print(f"| {echo2_lr:g} | {trl_lr:g} | {paired_cells(echo2, runs)} |")
+                label = f"{trl_lr:g}" + (" (bf16 policy)" if other == "trl-bf16" else "")
+                print(f"| {echo2_lr:g} | {label} | {paired_cells(echo2, runs)} |")
 
 
 def paired_cells(echo2: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:

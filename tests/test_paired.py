@@ -97,11 +97,13 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
         )
     rows.append({**rows[-1], "name": "t9", "seed": 9})  # no echo2 run with seed 9: left out of the pairs
     rows.append({**rows[0], "name": "e0-lr2e-5", "lr": 2e-5, "greedy_accuracy": 0.5})  # a second echo2 rate, one seed
+    rows.append({**rows[1], "name": "tb0", "side": "trl-bf16", "greedy_accuracy": 0.4})  # TRL with echo2's numerics
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     bench.report(tmp_path / "rows.jsonl")
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].startswith("| 2e-05 | 1e-05 | +0.050 (n=1) |")  # each echo2 rate has its row
-    cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert lines[-1].startswith("| 5e-05 | 1e-05 (bf16 policy) | +0.200 (n=1) |")  # a row of its own, named
+    assert lines[-4].startswith("| 2e-05 | 1e-05 | +0.050 (n=1) |")  # each echo2 rate has its row
+    cells = [c.strip() for c in lines[-2].strip("|").split("|")]
     assert cells[:2] == ["5e-05", "1e-05"]
     assert cells[2].startswith("+0.077 [") and cells[2].endswith("(n=3)")  # 0.15, 0.18, -0.10
     assert cells[3] == "0.500 [0.500, 0.500] (n=3)"
