@@ -48,3 +48,11 @@ def test_dither_master_is_seeded_and_keeps_the_published_weights():
     assert all(torch.equal(p, q) for p, q in zip(params, again, strict=True))
     assert all(torch.equal(p.bfloat16(), b.bfloat16()) for p, b in zip(params, before, strict=True))
     assert not torch.equal(params[0], before[0])
+
+
+def test_two_parameters_of_one_shape_get_independent_offsets():
+    """The same projection in two layers must not share one offset pattern: one stream runs through them all."""
+    w = grid_weights(1000)
+    params = [torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())]
+    dither_master(params, seed=0)
+    assert (params[0] != params[1]).float().mean() > 0.99

@@ -65,12 +65,16 @@ def as_published(params: list[torch.nn.Parameter]) -> Iterator[None]:
 def dither_master(params: list[torch.nn.Parameter], seed: int) -> None:
     """Move each fp32 master weight to a uniformly random point strictly inside the interval of values that round
     to its bf16 value (the same bf16 value: the published weights do not change). Under FSDP2, each rank moves
-    its own shard, with its own stream."""
+    its own shard, with its own stream. One stream runs on through all parameters, so two parameters of one shape
+    (the same projection in two layers) get independent offsets, not the same pattern."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    generators: dict[torch.device, torch.Generator] = {}  # one stream per device, on through every parameter
     with torch.no_grad():
         for p in params:
             local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor's shard
-            gen = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + rank)
+            if local.device not in generators:
+                generators[local.device] = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + rank)
+            gen = generators[local.device]
             for part in local.view(-1).split(CHUNK):
                 part.copy_(dithered(part, torch.rand(part.shape, generator=gen, device=part.device)))
 
