@@ -266,7 +266,11 @@ def eval_(given: dict[str, Any], config: Path | None = ConfigOpt, as_json: bool 
     """Held-out greedy accuracy and pass@k of a model or a run's checkpoint on a task, with vLLM."""
     from echo2cli.evaluate import eval_command
 
-    result, out = eval_command(load_config(EvalConfig, config, given, "eval"))
+    cfg = load_config(EvalConfig, config, given, "eval")
+    result, out = eval_command(cfg)
+    if result["problems"] < cfg.limit:  # a finite split: the census, not a sample of it
+        console.print(f"note: the {result['task']} eval split has {result['problems']} distinct problems, fewer "
+                      f"than --limit {cfg.limit}; all of them were evaluated", soft_wrap=True)  # fmt: skip
     if as_json:
         print(json.dumps(result))
         return

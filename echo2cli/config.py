@@ -654,7 +654,11 @@ class BenchStalenessConfig(_Config):
         0.0, ge=0.0, description="learning rate of the LoRA runs", json_schema_extra={"shown_default": "10 x --lr"}
     )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
-    eval_limit: int = Field(500, ge=1, description="held-out problems in each run's evaluations")
+    eval_limit: int = Field(
+        500,
+        ge=1,
+        description="held-out problems in each run's evaluations (at most the split's size: 340 for arithmetic)",
+    )
     eval_every: int = Field(
         10,
         ge=0,

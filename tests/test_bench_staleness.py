@@ -265,3 +265,39 @@ def test_a_rerun_skips_finished_settings_and_starts_an_interrupted_one_afresh(tm
     rows = staleness.run_bench(cfg, on_row=lambda row: None)
     assert [r["name"] for r in rows] == [done, interrupted]
     assert trained == [(interrupted, [])]  # nothing of the interrupted run is left for the new one to read
+
+
+@pytest.mark.parametrize(
+    ("eval_k", "eval_every", "calls"),
+    [
+        (0, 10, [["10", "20"]]),
+        (4, 10, [None, ["10", "20"]]),
+        (0, 0, [None]),
+        (0, 3, [None, ["3", "6", "9", "12", "15", "18"]]),
+    ],
+)
+def test_a_greedy_only_evaluation_of_the_last_version_is_the_final_one(
+    monkeypatch, tmp_path, eval_k, eval_every, calls
+):
+    """One engine, not two, when the final checkpoint is the curve's last point and no samples are asked for."""
+    from echo2cli.bench import staleness
+
+    seen: list[list[str] | None] = []
+
+    def fake_eval(out, args):
+        versions = args[args.index("--version") + 1].split(",") if "--version" in args else None
+        seen.append(versions)
+        points = [{"version": int(v), "greedy_accuracy": int(v) / 100, "pass_at_k": int(v) / 100,
+                   "sampled_reward": int(v) / 100} for v in versions or []]  # fmt: skip
+        head = points[0] if points else {"greedy_accuracy": 0.5, "pass_at_k": 0.6, "sampled_reward": 0.4}
+        return {**head, "problems": 340, "then": points[1:]}
+
+    monkeypatch.setattr(staleness, "_eval", fake_eval)
+    cfg = BenchStalenessConfig(steps=20, eval_k=eval_k, eval_every=eval_every)
+    measures = staleness.evaluate_run(cfg, tmp_path)
+    assert seen == calls
+    assert measures["problems"] == 340
+    if calls == [["10", "20"]]:
+        assert measures["greedy_accuracy"] == 0.2 and [c["version"] for c in measures["curve"]] == [10, 20]
+    else:
+        assert measures["greedy_accuracy"] == 0.5

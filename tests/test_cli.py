@@ -201,3 +201,16 @@ def test_the_demo_seeds_its_learner_and_workers_and_says_so(tmp_path, monkeypatc
     text = Console(record=True, width=200)
     text.print(demo.summary_table(summary))
     assert "seed" in text.export_text()
+
+
+def test_eval_says_when_the_split_is_smaller_than_the_limit(monkeypatch):
+    """A finite eval split evaluated whole is said so, not passed off as --limit problems."""
+    import echo2cli.evaluate
+
+    result = {"task": "arithmetic", "problems": 340, "model": "m", "greedy_accuracy": 0.5}
+    monkeypatch.setattr(echo2cli.evaluate, "eval_command", lambda cfg: (result, None))
+    out = runner.invoke(app, ["eval", "--limit", "500"])
+    assert out.exit_code == 0
+    assert "eval split has 340 distinct problems, fewer than --limit 500" in " ".join(out.output.split())
+    out = runner.invoke(app, ["eval", "--limit", "300"])
+    assert "distinct problems" not in out.output

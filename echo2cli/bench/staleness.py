@@ -148,14 +148,20 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
 
 def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
     """`echo2 eval --run OUT --json` on the final checkpoint, in its own process (its own vLLM engine); with
-    --eval-every N, then every N-th version (greedy, one more engine for all of them) as `curve`."""
-    result = _eval(out, flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k))
-    measures = {k: result[k] for k in ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")}
+    --eval-every N, then every N-th version (greedy, one more engine for all of them) as `curve`. Greedy only
+    (--eval-k 0) with the last step among those versions, one engine does both: the final checkpoint is the
+    last version, and its evaluation the curve's last point."""
+    keys = ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")
     versions = list(range(cfg.eval_every, cfg.steps + 1, cfg.eval_every)) if cfg.eval_every else []
+    measures = {}
+    if not (cfg.eval_k == 0 and versions and versions[-1] == cfg.steps):
+        result = _eval(out, flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k))
+        measures = {k: result[k] for k in keys}
     if versions:
         first = _eval(out, flags(run=out, version=",".join(map(str, versions)), limit=cfg.eval_limit, k=0))
-        measures["curve"] = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]}
-                             for r in [first, *first.get("then", [])]]  # fmt: skip
+        each = [first, *first.get("then", [])]
+        measures = measures or {k: each[-1].get(k, first[k]) for k in keys}
+        measures["curve"] = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]} for r in each]
     return measures
 
 
