@@ -500,13 +500,14 @@ def bench_staleness(
     if plot is not None:
         plot_rows(rows, plot)
     base = base_accuracy(cfg)
-    table_rows = summary(rows, cfg.target_version, base)
+    table_rows = summary(rows, cfg.target_version, base, cfg.score_versions)
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
     title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}, rows in {cfg.out_dir}"
     table = Table(title=title)
-    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", "greedy acc (range)", "acc - S=0 [95% CI]"]
+    acc = "greedy acc" if cfg.score_versions == 1 else f"greedy acc, mean of last {cfg.score_versions} versions"
+    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [95% CI]"]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
     columns += ["below base (flagged >= 2 ahead)", "ended below base (flagged >= 2 ahead)"]
     for col in columns:

@@ -665,6 +665,18 @@ class BenchStalenessConfig(_Config):
         description="also evaluate every N-th version after each run (greedy, one engine for all; the learner keeps "
         "them with --keep-versions-every N): held-out accuracy against wall time, and the time to accuracy (0 = off)",
     )
+    eval_from: int = Field(
+        0,
+        ge=0,
+        description="the curve's first version (0: --eval-every itself): with --steps 20 --eval-every 2 "
+        "--eval-from 12, versions 12, 14, .., 20",
+    )
+    score_versions: int = Field(
+        1,
+        ge=1,
+        description="score each run by its mean held-out greedy accuracy over its last N evaluated versions (1: the "
+        "final version alone); averaging the curve's last points damps a run's version-to-version swings",
+    )
     target_version: int = Field(
         20,
         ge=1,

@@ -115,6 +115,51 @@ def test_the_summary_compares_each_setting_with_s0_seed_by_seed():
     assert by_s[4]["seeds_for_half_width_0.03"] == 2
 
 
+def test_a_run_scored_over_its_last_versions_is_the_mean_of_their_accuracies():
+    """--score-versions 3: v16, v18 and the final v20 (the curve stops short of it, so the final eval counts)."""
+    from echo2cli.bench.staleness import run_score
+
+    r = {**row(0, 0, 0.80, 100), "name": "S0-token_tis-seed0", "steps": 20}
+    r["eval_curve"] = curve([(v, v, a) for v, a in [(12, 0.2), (14, 0.3), (16, 0.5), (18, 0.7)]])
+    assert run_score(r) == 0.80
+    assert run_score(r, 3) == pytest.approx((0.5 + 0.7 + 0.8) / 3)
+    assert run_score(r, 5) == pytest.approx((0.2 + 0.3 + 0.5 + 0.7 + 0.8) / 5)
+    with pytest.raises(ConfigError, match="S0-token_tis-seed0 has 5 evaluated version"):
+        run_score(r, 6)
+
+
+def test_the_summary_pairs_seeds_on_the_score_it_is_given():
+    """A seed whose last version swung down is paired on its mean over the last two when asked."""
+    rows = []
+    for s, last, before in [(0, 0.3, 0.7), (2, 0.6, 0.6)]:
+        r = {**row(s, 0, last, 100), "eval_curve": curve([(2, 2, before), (4, 4, last)])}
+        rows.append(r)
+    rows.append({**row(0, 1, 0.5, 100), "eval_curve": curve([(2, 2, 0.5), (4, 4, 0.5)])})
+    rows.append({**row(2, 1, 0.6, 100), "eval_curve": curve([(2, 2, 0.4), (4, 4, 0.6)])})
+    final = {r["staleness"]: r for r in summary(rows)}[2]
+    assert final["acc_vs_sync"]["diffs"] == pytest.approx([0.3, 0.1])
+    mean2 = {r["staleness"]: r for r in summary(rows, score_versions=2)}[2]
+    assert mean2["acc_vs_sync"]["diffs"] == pytest.approx([0.6 - 0.5, 0.5 - 0.5])
+    assert mean2["score_versions"] == 2 and mean2["greedy_accuracy"] == pytest.approx((0.6 + 0.5) / 2)
+
+
+@pytest.mark.parametrize(
+    ("eval_every", "eval_from", "versions"),
+    [(10, 0, [10, 20]), (2, 12, [12, 14, 16, 18, 20]), (3, 10, [12, 15, 18]), (0, 12, [])],
+)
+def test_the_curve_starts_at_eval_from(eval_every, eval_from, versions):
+    from echo2cli.bench.staleness import curve_versions
+
+    assert curve_versions(BenchStalenessConfig(steps=20, eval_every=eval_every, eval_from=eval_from)) == versions
+
+
+def test_scoring_over_more_versions_than_a_run_evaluates_is_refused_before_any_run():
+    settings(BenchStalenessConfig(steps=20, eval_every=2, eval_from=12, score_versions=5))
+    settings(BenchStalenessConfig(steps=20, eval_every=3, eval_from=10, score_versions=4))  # 12, 15, 18 and final
+    with pytest.raises(ConfigError, match="--score-versions 6 needs as many evaluated versions per run"):
+        settings(BenchStalenessConfig(steps=20, eval_every=2, eval_from=12, score_versions=6))
+
+
 def curve(points):
     """An accuracy curve: (version, seconds into the run, held-out greedy accuracy) per point."""
     return [{"version": v, "time_s": t, "greedy_accuracy": a} for v, t, a in points]

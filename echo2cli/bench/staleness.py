@@ -62,6 +62,14 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     if any(not 0 <= r <= 512 for r in ranks):
         raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
 
+    versions = curve_versions(cfg)
+    evaluated = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
+    if cfg.score_versions > evaluated:
+        raise ConfigError(
+            f"--score-versions {cfg.score_versions} needs as many evaluated versions per run; --steps {cfg.steps} "
+            f"--eval-every {cfg.eval_every} --eval-from {cfg.eval_from} evaluate {evaluated}"
+        )
+
     def ess_min(mode: str) -> float:
         return default_ess_min(mode) if cfg.guard_ess_min is None else cfg.guard_ess_min
 
@@ -152,7 +160,7 @@ def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
     (--eval-k 0) with the last step among those versions, one engine does both: the final checkpoint is the
     last version, and its evaluation the curve's last point."""
     keys = ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")
-    versions = list(range(cfg.eval_every, cfg.steps + 1, cfg.eval_every)) if cfg.eval_every else []
+    versions = curve_versions(cfg)
     measures = {}
     if not (cfg.eval_k == 0 and versions and versions[-1] == cfg.steps):
         result = _eval(out, flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k))
@@ -163,6 +171,13 @@ def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
         measures = measures or {k: each[-1].get(k, first[k]) for k in keys}
         measures["curve"] = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]} for r in each]
     return measures
+
+
+def curve_versions(cfg: BenchStalenessConfig) -> list[int]:
+    """The versions `--eval-every N` evaluates: every N-th, from `--eval-from` (default N) to the last step."""
+    if not cfg.eval_every:
+        return []
+    return [v for v in range(cfg.eval_every, cfg.steps + 1, cfg.eval_every) if v >= cfg.eval_from]
 
 
 def base_accuracy(cfg: BenchStalenessConfig) -> float:
@@ -280,6 +295,30 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
     return [i for i in range(row["steps"]) if guard.observe(i, {k: v[i] for k, v in health.items()})]
 
 
+def evaluated(row: dict[str, Any]) -> list[tuple[int, float]]:
+    """A run's (version, held-out greedy accuracy) in version order: its curve, and the final checkpoint's where
+    the curve stops short of the last step."""
+    curve = [(c["version"], c["greedy_accuracy"]) for c in row.get("eval_curve") or []]
+    if not curve or curve[-1][0] < row["steps"]:
+        curve.append((row["steps"], row["eval_greedy_accuracy"]))
+    return curve
+
+
+def run_score(row: dict[str, Any], versions: int = 1) -> float:
+    """A run's quality figure: its held-out greedy accuracy at the last step, or with `versions` > 1 the mean over
+    its last `versions` evaluated versions (`evaluated`). One version's accuracy can swing by 0.5 within ten
+    versions of a run; the mean of several is the steadier figure to compare settings by."""
+    if versions == 1:
+        return float(row["eval_greedy_accuracy"])
+    points = evaluated(row)
+    if len(points) < versions:
+        raise ConfigError(
+            f"{row['name']} has {len(points)} evaluated version(s), fewer than --score-versions {versions}: "
+            "score it over fewer, or evaluate more with --eval-every in a new --out"
+        )
+    return statistics.mean(acc for _, acc in points[-versions:])
+
+
 def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
     """When a run's held-out greedy accuracy fell below the base model's, and the guard's lead on it, two ways:
 
@@ -292,9 +331,7 @@ def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
     after the last one evaluated above base; exact with --eval-every 1). The verdict on step f comes as version
     f + 1 is trained, so a flag at step f leads a fall at version v by v - (f + 1). None where the run never
     fell below, or never flagged."""
-    curve = [(c["version"], c["greedy_accuracy"]) for c in row.get("eval_curve") or []]
-    if not curve or curve[-1][0] < row["steps"]:
-        curve.append((row["steps"], row["eval_greedy_accuracy"]))
+    curve = evaluated(row)
     below = [acc < base for _, acc in curve]
     fall = next((i for i, b in enumerate(below) if b), None)
     lasting = next((i for i in range(len(curve)) if all(below[i:])), None)
@@ -316,9 +353,13 @@ def collapse(row: dict[str, Any], base: float) -> dict[str, Any]:
 
 
 def summary(
-    rows: list[dict[str, Any]], target_version: int = 20, base_model_acc: float | None = None
+    rows: list[dict[str, Any]],
+    target_version: int = 20,
+    base_model_acc: float | None = None,
+    score_versions: int = 1,
 ) -> list[dict[str, Any]]:
-    """Per setting: mean and spread over seeds of final accuracy, its difference to S = 0 of the same correction
+    """Per setting: mean and spread over seeds of each run's score (`run_score`: the final accuracy, or the mean
+    of the last `score_versions` evaluated versions), its difference to S = 0 of the same correction
     seed by seed (`paired.py`: the mean, a bootstrap 95 % interval, and the seeds a half-width of 0.03 would
     take at the spread seen), and wall time against S = 0 of the same correction (speed-up = S = 0's mean
     steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
@@ -330,13 +371,15 @@ def summary(
     for r in rows:
         keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), []).append(r)
     base = {(k[1], k[3]): statistics.mean(r["steady_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
-    base_acc = {(k[1], k[3]): _by_seed(v) for k, v in keyed.items() if k[0] == 0 and not k[2]}
+    base_acc = {(k[1], k[3]): _by_seed(v, score_versions) for k, v in keyed.items() if k[0] == 0 and not k[2]}
     out = []
     for (s, mode, adaptive, rank), runs in sorted(keyed.items()):
-        acc = [r["eval_greedy_accuracy"] for r in runs]
+        acc = [run_score(r, score_versions) for r in runs]
         steady_s = statistics.mean(r["steady_s"] for r in runs)
         paired = (
-            None if s == 0 or (mode, rank) not in base_acc else paired_difference(_by_seed(runs), base_acc[mode, rank])
+            None
+            if s == 0 or (mode, rank) not in base_acc
+            else paired_difference(_by_seed(runs, score_versions), base_acc[mode, rank])
         )
         out.append(
             {
@@ -345,6 +388,7 @@ def summary(
                 "adaptive": adaptive,
                 "lora_rank": rank,
                 "seeds": len(runs),
+                "score_versions": score_versions,
                 "greedy_accuracy": statistics.mean(acc),
                 "greedy_accuracy_min": min(acc),
                 "greedy_accuracy_max": max(acc),
@@ -418,8 +462,8 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
     return out
 
 
-def _by_seed(runs: list[dict[str, Any]]) -> dict[int, float]:
-    return {r["seed"]: r["eval_greedy_accuracy"] for r in runs}
+def _by_seed(runs: list[dict[str, Any]], score_versions: int) -> dict[int, float]:
+    return {r["seed"]: run_score(r, score_versions) for r in runs}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
