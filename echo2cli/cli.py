@@ -34,6 +34,7 @@ from echo2cli.config import (
     WorkerConfig,
     load_config,
     read_token_file,
+    resume_base,
 )
 from echo2cli.errors import ConfigError, Echo2Error
 from echo2cli.textsafe import DETAIL_LEN, shown
@@ -91,7 +92,7 @@ def learner(
     if resume is not None:
         checkpoint = find_checkpoint(resume)
         state = read_state(checkpoint)
-        base = {**state["config"], "out_dir": str(checkpoint.parent.parent)}
+        base = {**resume_base(state["config"]), "out_dir": str(checkpoint.parent.parent)}
     cfg = load_config(LearnerConfig, config, given, "learner", base=base)
     if state is not None:
         resume_check(state["config"], int(state["step"]), cfg, had_token=bool(state.get("token_required", True)))

@@ -695,6 +695,16 @@ class BenchStalenessConfig(_Config):
 C = TypeVar("C", bound=_Config)
 
 
+def resume_base(saved: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's saved config as the base of its new one. The saved ESS bound is the one the run used; where
+    that is its correction's default it is left out, so a resume that changes --off-policy gets the new
+    correction's default (0.9 for `none`), not the old one's. A bound given again still wins."""
+    base = dict(saved)
+    if "off_policy" in base and base.get("guard_ess_min") == default_ess_min(base["off_policy"]):
+        del base["guard_ess_min"]
+    return base
+
+
 def load_config(
     cls: type[C], toml_path: Path | None, flags: dict[str, Any], section: str, base: dict[str, Any] | None = None
 ) -> C:

@@ -144,3 +144,19 @@ def test_the_ess_bound_not_given_is_the_corrections_and_the_config_records_it():
     assert LearnerConfig().guard_ess_min == 0.8 and LearnerConfig(off_policy="decoupled").guard_ess_min == 0.8
     assert LearnerConfig(off_policy="none", guard_ess_min=0.7).guard_ess_min == 0.7  # a given bound stands
     assert json.loads(LearnerConfig(off_policy="none").model_dump_json())["guard_ess_min"] == 0.9
+
+
+def test_a_resume_that_changes_the_correction_gets_the_new_corrections_bound():
+    """The saved config records the bound the run used (0.8 under token_tis); resuming with --off-policy none
+    kept it, a bound that let two of five uncorrected runs fall (docs/BENCHMARKS.md). A bound given stands."""
+    from echo2cli.config import LearnerConfig, load_config, resume_base
+
+    def resumed(saved: LearnerConfig, flags: dict) -> float:
+        base = resume_base(json.loads(saved.model_dump_json()))
+        return load_config(LearnerConfig, None, flags, "learner", base=base).guard_ess_min
+
+    assert resumed(LearnerConfig(), {"off_policy": "none"}) == 0.9
+    assert resumed(LearnerConfig(), {}) == 0.8
+    assert resumed(LearnerConfig(off_policy="none"), {"off_policy": "token_tis"}) == 0.8
+    assert resumed(LearnerConfig(guard_ess_min=0.7), {"off_policy": "none"}) == 0.7  # chosen, not defaulted
+    assert resumed(LearnerConfig(), {"off_policy": "none", "guard_ess_min": 0.85}) == 0.85
