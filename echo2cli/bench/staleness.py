@@ -306,8 +306,9 @@ def evaluated(row: dict[str, Any]) -> list[tuple[int, float]]:
 
 def run_score(row: dict[str, Any], versions: int = 1) -> float:
     """A run's quality figure: its held-out greedy accuracy at the last step, or with `versions` > 1 the mean over
-    its last `versions` evaluated versions (`evaluated`). One version's accuracy can swing by 0.5 within ten
-    versions of a run; the mean of several is the steadier figure to compare settings by."""
+    its last `versions` evaluated versions (`evaluated`): a figure that does not hang on the one version a run
+    stops at, where one version's accuracy can swing by 0.5 within ten. (On the arithmetic sweep of
+    docs/BENCHMARKS.md it did not narrow the seeds' spread: the runs were still moving over those versions.)"""
     if versions == 1:
         return float(row["eval_greedy_accuracy"])
     points = evaluated(row)
