@@ -63,11 +63,11 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
         raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
 
     versions = curve_versions(cfg)
-    evaluated = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
-    if cfg.score_versions > evaluated:
+    scored = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
+    if cfg.score_versions > scored:
         raise ConfigError(
             f"--score-versions {cfg.score_versions} needs as many evaluated versions per run; --steps {cfg.steps} "
-            f"--eval-every {cfg.eval_every} --eval-from {cfg.eval_from} evaluate {evaluated}"
+            f"--eval-every {cfg.eval_every} --eval-from {cfg.eval_from} evaluate {scored}"
         )
 
     def ess_min(mode: str) -> float:
