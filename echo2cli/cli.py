@@ -280,6 +280,9 @@ def eval_(given: dict[str, Any], config: Path | None = ConfigOpt, as_json: bool 
     for key, value in result.items():
         if isinstance(value, float):
             table.add_row(key, f"{value:.3f}")
+    for level, measured in result.get("by_level", {}).items():
+        name = f"greedy_accuracy {level} ({measured['problems']} problems)"
+        table.add_row(name, f"{measured['greedy_accuracy']:.3f}")
     console.print(table)
     if out is not None:
         console.print(f"written to {out}")
@@ -485,7 +488,7 @@ def bench_staleness(
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
     from echo2cli.bench.paired import describe
-    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, summary
+    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, score_key, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
     def progress(r: dict[str, Any]) -> None:
@@ -501,13 +504,14 @@ def bench_staleness(
     if plot is not None:
         plot_rows(rows, plot)
     base = base_accuracy(cfg)
-    table_rows = summary(rows, cfg.target_version, base, cfg.score_versions)
+    table_rows = summary(rows, cfg.target_version, base, cfg.score_versions, score_key(cfg.score_mix))
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
     title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}, rows in {cfg.out_dir}"
     table = Table(title=title)
-    acc = "greedy acc" if cfg.score_versions == 1 else f"greedy acc, mean of last {cfg.score_versions} versions"
+    acc = "greedy acc" + (", training mix" if cfg.score_mix == "train" else "")
+    acc += f", mean of last {cfg.score_versions} versions" if cfg.score_versions > 1 else ""
     columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [95% CI]"]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
     columns += ["below base (flagged >= 2 ahead)", "ended below base (flagged >= 2 ahead)"]

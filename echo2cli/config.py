@@ -677,6 +677,12 @@ class BenchStalenessConfig(_Config):
         description="score each run by its mean held-out greedy accuracy over its last N evaluated versions (1: the "
         "final version alone); averaging the curve's last points damps a run's version-to-version swings",
     )
+    score_mix: Literal["split", "train"] = Field(
+        "split",
+        description="the accuracy a run is scored by: split, the held-out split's own; train, its levels weighted as "
+        "training draws them (a task whose problems name levels: arithmetic's split is 83 % two-digit sums, "
+        "training 25 %)",
+    )
     target_version: int = Field(
         20,
         ge=1,

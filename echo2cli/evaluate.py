@@ -237,6 +237,27 @@ def summarize(greedy: list[list[Score]], sampled: list[list[Score]]) -> dict[str
     }
 
 
+def by_level(
+    problems: Sequence[Problem], greedy: Sequence[Sequence[Score]], weights: Mapping[str, float] | None
+) -> dict[str, Any]:
+    """Greedy accuracy per `meta["level"]` where the task names levels, and with the task's `level_weights` (its
+    training mix) their weighted mean over the levels evaluated: `greedy_accuracy_train_mix`, the accuracy on unseen
+    problems drawn as training draws them, where the split's own mix differs from it."""
+    levels: dict[str, list[bool]] = {}
+    for problem, group in zip(problems, greedy, strict=True):
+        if (level := problem.meta.get("level")) is not None:
+            levels.setdefault(str(level), []).append(solved(group[0]))
+    if not levels:
+        return {}
+    acc = {name: sum(hits) / len(hits) for name, hits in levels.items()}
+    out: dict[str, Any] = {
+        "by_level": {name: {"problems": len(levels[name]), "greedy_accuracy": acc[name]} for name in sorted(acc)}
+    }
+    if weighted := {name: float(w) for name, w in (weights or {}).items() if name in acc and w > 0}:
+        out["greedy_accuracy_train_mix"] = sum(w * acc[name] for name, w in weighted.items()) / sum(weighted.values())
+    return out
+
+
 def _generate_and_score(
     engine: Any,
     tok: Any,
@@ -343,6 +364,7 @@ def evaluate(
             t1 = time.perf_counter()
             texts, scores = run(engine, tok, scorer, task, problems, prompts, k, max_new_tokens)
             results.append(_result(problems, texts, scores, k, time.perf_counter() - t1))
+            results[-1] |= by_level(problems, scores[: len(problems)], getattr(task, "level_weights", None))
     finally:
         scorer.close()
         engine.close()
@@ -355,12 +377,14 @@ def evaluate(
 def _result(
     problems: list[Problem], texts: list[list[str]], scores: list[list[Score]], k: int, t_eval: float
 ) -> dict[str, Any]:
-    """One evaluation's measures, its time and its first examples."""
+    """One evaluation's measures, its time, the ids of the problems its greedy completions solved (to weigh or
+    pair them afterwards) and its first examples."""
     greedy, greedy_texts = scores[: len(problems)], texts[: len(problems)]
     sampled = scores[len(problems) :] if k > 0 else greedy
     return {
         **summarize(greedy, sampled),
         "t_eval_s": t_eval,
+        "greedy_solved": [p.id for p, g in zip(problems, greedy, strict=True) if solved(g[0])],
         "examples": [
             {"id": p.id, "prompt": p.prompt, "answer": p.answer, "greedy": t[0], "reward": g[0].reward}
             for p, t, g in itertools.islice(zip(problems, greedy_texts, greedy, strict=True), 5)

@@ -143,6 +143,26 @@ def test_the_summary_pairs_seeds_on_the_score_it_is_given():
     assert mean2["score_versions"] == 2 and mean2["greedy_accuracy"] == pytest.approx((0.6 + 0.5) / 2)
 
 
+def test_runs_scored_on_the_training_mix_pair_on_it_and_a_row_without_it_is_a_one_line_error():
+    """--score-mix train: the score is `greedy_accuracy_train_mix`, at the final version and along the curve."""
+    from echo2cli.bench.staleness import TRAIN_MIX, run_score, score_key
+
+    assert (score_key("split"), score_key("train")) == ("greedy_accuracy", TRAIN_MIX)
+    rows = []
+    for s, seed, split, mix in [(0, 0, 0.30, 0.70), (0, 1, 0.80, 0.90), (2, 0, 0.70, 0.80), (2, 1, 0.75, 0.85)]:
+        r = {**row(s, seed, split, 100), "name": f"S{s}-seed{seed}", f"eval_{TRAIN_MIX}": mix}
+        r["eval_curve"] = [{"version": 2, "time_s": 2, "greedy_accuracy": split, TRAIN_MIX: mix - 0.1}]
+        rows.append(r)
+    assert run_score(rows[0], key=TRAIN_MIX) == 0.70 and run_score(rows[0], 2, TRAIN_MIX) == pytest.approx(0.65)
+    split = {r["staleness"]: r for r in summary(rows)}[2]
+    assert split["acc_vs_sync"]["diffs"] == pytest.approx([0.40, -0.05])
+    mix = {r["staleness"]: r for r in summary(rows, key=TRAIN_MIX)}[2]
+    assert mix["acc_vs_sync"]["diffs"] == pytest.approx([0.10, -0.05]) and mix["score_key"] == TRAIN_MIX
+    old = row(0, 0, 0.5, 100) | {"name": "S0-token_tis-seed0"}  # evaluated before levels were reported
+    with pytest.raises(ConfigError, match="S0-token_tis-seed0 has no greedy_accuracy_train_mix"):
+        run_score(old, key=TRAIN_MIX)
+
+
 @pytest.mark.parametrize(
     ("eval_every", "eval_from", "versions"),
     [(10, 0, [10, 20]), (2, 12, [12, 14, 16, 18, 20]), (3, 10, [12, 15, 18]), (0, 12, [])],

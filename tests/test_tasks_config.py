@@ -39,6 +39,37 @@ def test_eval_split_has_room_for_200_distinct_problems_of_every_level():
     assert any(p.meta["a"] < 10 for p in problems) and any(p.meta["a"] >= 50 for p in problems)
 
 
+def test_the_whole_eval_split_is_mostly_two_digit_sums_and_each_level_is_scored_apart():
+    """Every eval problem names its level; the split's mix (282 of 340 two-digit sums) is not training's (a quarter),
+    so `greedy_accuracy_train_mix` weighs each level's accuracy by how often training draws it."""
+    from collections import Counter
+
+    from echo2cli.evaluate import _result, by_level, eval_problems
+    from echo2cli.tasks import Score
+
+    task = ArithmeticTask()
+    train = Counter(p.meta["level"] for p in itertools.islice(task.prompts(0, "train"), 4000))
+    assert set(train) == set(task.level_weights) and sum(task.level_weights.values()) == pytest.approx(1.0)
+    assert train["0-9 + 0-9"] / 4000 == pytest.approx(0.5, abs=0.03)
+    problems = eval_problems(task, 500, seed=0)
+    levels = Counter(p.meta["level"] for p in problems)
+    assert len(problems) == 340 and levels == {"10-99 + 0-9": 282, "0-9 + 0-9": 29, "5-19 - 0-5": 29}
+    # solve every one-digit sum and subtraction, no two-digit sum: 58/340 on the split, 0.75 on the training mix
+    greedy = [[Score(float(p.meta["level"] != "10-99 + 0-9"), {})] for p in problems]
+    measured = by_level(problems, greedy, task.level_weights)
+    assert measured["by_level"]["10-99 + 0-9"] == {"problems": 282, "greedy_accuracy": 0.0}
+    assert measured["greedy_accuracy_train_mix"] == pytest.approx(0.75)
+    # a level the eval did not reach is left out of the weighting; a task without levels reports none
+    one_digit = [p for p in problems if p.meta["level"] == "0-9 + 0-9"]
+    assert by_level(one_digit, [[Score(1.0, {})]] * 29, task.level_weights)["greedy_accuracy_train_mix"] == 1.0
+    assert by_level(one_digit, [[Score(1.0, {})]] * 29, None).keys() == {"by_level"}
+    plain = [type(p)(id=p.id, messages=p.messages, answer=p.answer) for p in one_digit]
+    assert by_level(plain, [[Score(1.0, {})]] * 29, task.level_weights) == {}
+    # and the ids it solved, to weigh or pair them afterwards
+    texts = [["1"], ["2"]]
+    assert _result(plain[:2], texts, [[Score(1.0, {})], [Score(0.0, {})]], 0, 1.0)["greedy_solved"] == [plain[0].id]
+
+
 def test_unknown_task_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown task"):
         load_task("chess")

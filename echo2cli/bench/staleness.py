@@ -13,9 +13,10 @@ fight over both cores then has its own, so the wall-clock difference between S =
 ECHO-2 is about (training one version while the fleet generates with older ones and the learner publishes
 the last) and not a change in how the box is shared.
 
-Each row (JSON) holds the reward against step and against wall time, the final held-out greedy accuracy and
-pass@k, and the off-policy health of every step: behaviour KL, importance-weight ESS, clip and truncation
-fractions, overall and by staleness bucket, and the divergence guard's decisions.
+Each row (JSON) holds the reward against step and against wall time, the final held-out greedy accuracy (and,
+for a task with levels, its training-mix weighting) and pass@k, and the off-policy health of every step:
+behaviour KL, importance-weight ESS, clip and truncation fractions, overall and by staleness bucket, and the
+divergence guard's decisions.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from echo2cli.launch import flags, spawn, stop, wait_for_learner
 from echo2cli.metrics import read_metrics
 from echo2cli.models import prepare_default_model
 
+TRAIN_MIX = "greedy_accuracy_train_mix"  # held-out accuracy with the levels weighted as training draws them
 HEALTH = ("train/kl_behaviour", "train/is_ess", "train/clipfrac", "train/is_truncated_frac", "train/masked_frac")
 
 
@@ -159,17 +161,17 @@ def evaluate_run(cfg: BenchStalenessConfig, out: Path) -> dict[str, Any]:
     --eval-every N, then every N-th version (greedy, one more engine for all of them) as `curve`. Greedy only
     (--eval-k 0) with the last step among those versions, one engine does both: the final checkpoint is the
     last version, and its evaluation the curve's last point."""
-    keys = ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems")
+    keys = ("greedy_accuracy", "pass_at_k", "sampled_reward", "problems", TRAIN_MIX)
     versions = curve_versions(cfg)
     measures = {}
     if not (cfg.eval_k == 0 and versions and versions[-1] == cfg.steps):
         result = _eval(out, flags(run=out, limit=cfg.eval_limit, k=cfg.eval_k))
-        measures = {k: result[k] for k in keys}
+        measures = {k: result[k] for k in keys if k in result}
     if versions:
         first = _eval(out, flags(run=out, version=",".join(map(str, versions)), limit=cfg.eval_limit, k=0))
         each = [first, *first.get("then", [])]
-        measures = measures or {k: each[-1].get(k, first[k]) for k in keys}
-        measures["curve"] = [{"version": r["version"], "greedy_accuracy": r["greedy_accuracy"]} for r in each]
+        measures = measures or {k: each[-1].get(k, first[k]) for k in keys if k in first}
+        measures["curve"] = [{k: r[k] for k in ("version", "greedy_accuracy", TRAIN_MIX) if k in r} for r in each]
     return measures
 
 
@@ -295,23 +297,32 @@ def replayed_flags(row: dict[str, Any]) -> list[int]:
     return [i for i in range(row["steps"]) if guard.observe(i, {k: v[i] for k, v in health.items()})]
 
 
-def evaluated(row: dict[str, Any]) -> list[tuple[int, float]]:
-    """A run's (version, held-out greedy accuracy) in version order: its curve, and the final checkpoint's where
-    the curve stops short of the last step."""
-    curve = [(c["version"], c["greedy_accuracy"]) for c in row.get("eval_curve") or []]
-    if not curve or curve[-1][0] < row["steps"]:
-        curve.append((row["steps"], row["eval_greedy_accuracy"]))
-    return curve
+def score_key(mix: str) -> str:
+    """The accuracy `--score-mix` scores runs by: the held-out split's own (`split`), or its levels weighted as
+    training draws them (`train`: `evaluate.by_level`)."""
+    return {"split": "greedy_accuracy", "train": TRAIN_MIX}[mix]
 
 
-def run_score(row: dict[str, Any], versions: int = 1) -> float:
+def evaluated(row: dict[str, Any], key: str = "greedy_accuracy") -> list[tuple[int, float]]:
+    """A run's (version, held-out greedy accuracy `key`) in version order: its curve before the last step, then
+    the final checkpoint's."""
+    curve = [c for c in row.get("eval_curve") or [] if c["version"] < row["steps"]]
+    points = [*curve, {"version": row["steps"], key: row.get(f"eval_{key}")}]
+    if any(p.get(key) is None for p in points):
+        raise ConfigError(
+            f"{row['name']} has no {key} (an evaluation from before echo2 eval reported it, or a task without "
+            "levels): score it with --score-mix split, or run it again in a new --out"
+        )
+    return [(p["version"], float(p[key])) for p in points]
+
+
+def run_score(row: dict[str, Any], versions: int = 1, key: str = "greedy_accuracy") -> float:
     """A run's quality figure: its held-out greedy accuracy at the last step, or with `versions` > 1 the mean over
     its last `versions` evaluated versions (`evaluated`): a figure that does not hang on the one version a run
     stops at, where one version's accuracy can swing by 0.5 within ten. (On the arithmetic sweep of
-    docs/BENCHMARKS.md it did not narrow the seeds' spread: the runs were still moving over those versions.)"""
-    if versions == 1:
-        return float(row["eval_greedy_accuracy"])
-    points = evaluated(row)
+    docs/BENCHMARKS.md it did not narrow the seeds' spread: the runs were still moving over those versions.)
+    `key`: which accuracy (`score_key`)."""
+    points = evaluated(row, key)
     if len(points) < versions:
         raise ConfigError(
             f"{row['name']} has {len(points)} evaluated version(s), fewer than --score-versions {versions}: "
@@ -358,6 +369,7 @@ def summary(
     target_version: int = 20,
     base_model_acc: float | None = None,
     score_versions: int = 1,
+    key: str = "greedy_accuracy",
 ) -> list[dict[str, Any]]:
     """Per setting: mean and spread over seeds of each run's score (`run_score`: the final accuracy, or the mean
     of the last `score_versions` evaluated versions), its difference to S = 0 of the same correction
@@ -366,21 +378,22 @@ def summary(
     steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
     the end of the last); with accuracy curves (`--eval-every`), the time to S = 0's accuracy at
     `target_version` (`time_to_accuracy`); with the base model's accuracy, how many runs fell below it and how
-    many of those the guard flagged at least 2 versions ahead (`collapse`)."""
+    many of those the guard flagged at least 2 versions ahead (`collapse`). `key`: the accuracy scored
+    (`score_key`); the time to accuracy and the falls below base use the split's own."""
     reach = time_to_accuracy(rows, target_version)
     keyed: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), []).append(r)
     base = {(k[1], k[3]): statistics.mean(r["steady_s"] for r in v) for k, v in keyed.items() if k[0] == 0}
-    base_acc = {(k[1], k[3]): _by_seed(v, score_versions) for k, v in keyed.items() if k[0] == 0 and not k[2]}
+    base_acc = {(k[1], k[3]): _by_seed(v, score_versions, key) for k, v in keyed.items() if k[0] == 0 and not k[2]}
     out = []
     for (s, mode, adaptive, rank), runs in sorted(keyed.items()):
-        acc = [run_score(r, score_versions) for r in runs]
+        acc = [run_score(r, score_versions, key) for r in runs]
         steady_s = statistics.mean(r["steady_s"] for r in runs)
         paired = (
             None
             if s == 0 or (mode, rank) not in base_acc
-            else paired_difference(_by_seed(runs, score_versions), base_acc[mode, rank])
+            else paired_difference(_by_seed(runs, score_versions, key), base_acc[mode, rank])
         )
         out.append(
             {
@@ -390,6 +403,7 @@ def summary(
                 "lora_rank": rank,
                 "seeds": len(runs),
                 "score_versions": score_versions,
+                "score_key": key,
                 "greedy_accuracy": statistics.mean(acc),
                 "greedy_accuracy_min": min(acc),
                 "greedy_accuracy_max": max(acc),
@@ -463,8 +477,8 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
     return out
 
 
-def _by_seed(runs: list[dict[str, Any]], score_versions: int) -> dict[int, float]:
-    return {r["seed"]: run_score(r, score_versions) for r in runs}
+def _by_seed(runs: list[dict[str, Any]], score_versions: int, key: str) -> dict[int, float]:
+    return {r["seed"]: run_score(r, score_versions, key) for r in runs}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
