@@ -12,8 +12,10 @@ every run) and chat `messages` (an optional system message, then the user's). Th
 overlaps the train split. `score` returns the reward and named components (format, correctness, ...),
 all of which the learner logs as `reward/<name>`. Rewards are computed on the learner only, through
 `scoring.py`, which turns an exception or a timeout into reward 0 and a counted error. A task may set
-`max_new_tokens`, the completion length `echo2 eval` uses unless told otherwise. A multi-turn task (an
-environment played turn by turn: `poker_hands`) also has `max_turns` and `episode(spec)`: see `episodes.py`.
+`max_new_tokens`, the completion length `echo2 eval` uses unless told otherwise, and name each problem's level
+(`meta["level"]`) with `level_weights` (level -> share of the training stream): `echo2 eval` then reports each
+level's accuracy and their training-mix weighting. A multi-turn task (an environment played turn by turn:
+`poker_hands`) also has `max_turns` and `episode(spec)`: see `episodes.py`.
 
 Built-in tasks are named (`arithmetic`, `math`, `poker`); a user's own is given as
 `package.module:ClassName` (see examples/my_task.py) and constructed with the task options of the config
