@@ -488,7 +488,7 @@ def bench_staleness(
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
     from echo2cli.bench.paired import describe
-    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, score_key, summary
+    from echo2cli.bench.staleness import TRAIN_MIX, base_accuracy, base_eval, guard_flags, run_bench, score_key, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
     def progress(r: dict[str, Any]) -> None:
@@ -508,7 +508,10 @@ def bench_staleness(
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
-    title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}, rows in {cfg.out_dir}"
+    mix = base_eval(cfg).get(TRAIN_MIX) if cfg.score_mix == "train" else None
+    on_mix = "" if mix is None else f" ({mix:.3f} on the training mix)"
+    title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}{on_mix}, "
+    title += f"rows in {cfg.out_dir}"
     table = Table(title=title)
     acc = "greedy acc" + (", training mix" if cfg.score_mix == "train" else "")
     acc += f", mean of last {cfg.score_versions} versions" if cfg.score_versions > 1 else ""

@@ -185,11 +185,16 @@ def curve_versions(cfg: BenchStalenessConfig) -> list[int]:
 def base_accuracy(cfg: BenchStalenessConfig) -> float:
     """The initial model's held-out greedy accuracy on the sweep's problems and completion length: what a run
     has collapsed below. Measured once per OUT (OUT/base.json)."""
+    return float(base_eval(cfg)["greedy_accuracy"])
+
+
+def base_eval(cfg: BenchStalenessConfig) -> dict[str, Any]:
+    """The initial model's `echo2 eval` result on the sweep's problems (OUT/base.json, measured once per OUT)."""
     path = cfg.out_dir / "base.json"
     if not path.is_file():
         result = _eval(cfg.out_dir, flags(limit=cfg.eval_limit, k=0, max_new_tokens=cfg.max_new_tokens))
         path.write_text(json.dumps(result))
-    return float(json.loads(path.read_text())["greedy_accuracy"])
+    return dict(json.loads(path.read_text()))
 
 
 def _eval(out: Path, args: list[str]) -> dict[str, Any]:
