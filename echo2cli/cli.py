@@ -488,7 +488,7 @@ def bench_staleness(
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
     from echo2cli.bench.paired import describe
-    from echo2cli.bench.staleness import TRAIN_MIX, base_accuracy, base_eval, guard_flags, run_bench, score_key, summary
+    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, score_key, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
     def progress(r: dict[str, Any]) -> None:
@@ -508,11 +508,7 @@ def bench_staleness(
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
-    mix = base_eval(cfg).get(TRAIN_MIX) if cfg.score_mix == "train" else None
-    on_mix = "" if mix is None else f" ({mix:.3f} on the training mix)"
-    title = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s), base model {base:.3f}{on_mix}, "
-    title += f"rows in {cfg.out_dir}"
-    table = Table(title=title)
+    table = Table(title=_staleness_title(cfg, base))
     acc = "greedy acc" + (", training mix" if cfg.score_mix == "train" else "")
     acc += f", mean of last {cfg.score_versions} versions" if cfg.score_versions > 1 else ""
     columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [95% CI]"]
@@ -539,6 +535,17 @@ def bench_staleness(
             f"{r['ended_below_base_runs']}/{r['seeds']} ({r['lasting_flagged_2_ahead']})",
         )
     Console().print(table)
+
+
+def _staleness_title(cfg: BenchStalenessConfig, base: float) -> str:
+    """The staleness table's title: the sweep, the base model's accuracy (and on the training mix where scored by
+    it) and where the rows are."""
+    from echo2cli.bench.staleness import TRAIN_MIX, base_eval
+
+    mix = base_eval(cfg).get(TRAIN_MIX) if cfg.score_mix == "train" else None
+    on_mix = "" if mix is None else f" ({mix:.3f} on the training mix)"
+    sweep = f"staleness sweep: {cfg.steps} steps, {cfg.workers} worker(s)"
+    return f"{sweep}, base model {base:.3f}{on_mix}, rows in {cfg.out_dir}"
 
 
 def _time_to_target(r: dict[str, Any]) -> str:
