@@ -65,6 +65,14 @@ def trainer_devices(ranks: int) -> list[str]:
     return visible[:ranks] if visible else [str(i) for i in range(ranks)]
 
 
+WireDtype = Literal["auto", "bf16", "fp16"]
+WIRE_DTYPE_HELP = (
+    "what versions are published in, 2 bytes a weight either way. fp16 keeps 3 more bits of each weight, so a step "
+    "moves the sampled policy in eighth-size increments; it needs a learner computing in fp32. auto: fp16 where "
+    "the learner computes in fp32 (no CUDA, a CPU without bf16), else bf16"
+)
+
+
 class LearnerConfig(_Config):
     """`echo2 learner`."""
 
@@ -72,7 +80,7 @@ class LearnerConfig(_Config):
         "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
         "train_cpus",
         "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
-        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s master_dither",
+        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s master_dither wire_dtype",
         "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
         "guard_kl_max guard_clip_max",
         "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
@@ -127,10 +135,11 @@ class LearnerConfig(_Config):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
     master_dither: bool = Field(
         True,
-        description="start each fp32 master weight at a random point of its bf16 rounding interval (version 0 is "
-        "unchanged): a step smaller than half a bf16 ulp then reaches the published policy on average, instead of "
-        "being lost until the master has moved half an ulp",
+        description="start each fp32 master weight at a random point of its rounding interval in the wire dtype "
+        "(version 0 is unchanged): a step smaller than half an ulp then reaches the published policy on average, "
+        "instead of being lost until the master has moved half an ulp",
     )
+    wire_dtype: WireDtype = Field("auto", description=WIRE_DTYPE_HELP)
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
     )
@@ -654,6 +663,11 @@ class BenchStalenessConfig(_Config):
         0.0, ge=0.0, description="learning rate of the LoRA runs", json_schema_extra={"shown_default": "10 x --lr"}
     )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
+    wire_dtype: WireDtype = Field(
+        "auto",
+        description="the learners' --wire-dtype (what versions are published in). Runs of another dtype belong in "
+        "another OUT (scripts/bench_wire.py compares two)",
+    )
     eval_limit: int = Field(
         500,
         ge=1,

@@ -1,8 +1,8 @@
 """`echo2 eval`: a model on a task's held-out split with vLLM — greedy accuracy and pass@k.
 
-    model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, its weights rounded to bf16
-            as the learner publishes them, and by default its task, task options and completion length;
-            `--version N`: the version N it published instead)
+    model   'default', an HF directory, or a run (`--run DIR`: its newest checkpoint, its weights rounded to the
+            run's wire dtype (bf16 or fp16) as the learner publishes them, and by default its task, task options
+            and completion length; `--version N`: the version N it published instead)
     greedy  one completion per problem at temperature 0: mean reward, mean of each reward component,
             accuracy = the share solved
     pass@k  k completions per problem at temperature 1: the share of problems with at least one solved
@@ -48,6 +48,7 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
     write the result where asked (with --run, by default `RUN/eval/TASK-step_N.json`, or `TASK-vN.json` for each
     version). Returns it and its path."""
     task, model, max_new_tokens, options, checkpoint = cfg.task, cfg.model, cfg.max_new_tokens, {}, None
+    wire = "bf16"  # a run's versions' dtype; runs from before --wire-dtype published in bf16
     versions = parse_versions(cfg.version)
     if versions and cfg.run is None:
         raise ConfigError("--version needs --run: the run directory whose published version to evaluate")
@@ -57,6 +58,7 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
         task = task or saved["task"]
         options = dict(saved.get("task_options") or {}) if task == saved["task"] else {}
         max_new_tokens = max_new_tokens or saved.get("max_new_tokens")
+        wire = saved.get("wire_dtype", wire)
         model = model or str(checkpoint)
     task = task or "arithmetic"
     options.update(parse_options(cfg.option))
@@ -69,7 +71,7 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
         elif checkpoint is not None and model == str(checkpoint) and is_adapter(checkpoint):
             model = str(stack.enter_context(lora_checkpoint(checkpoint)))
         elif checkpoint is not None and model == str(checkpoint) and engine_in_fp32():
-            model = str(stack.enter_context(rounded_checkpoint(checkpoint)))
+            model = str(stack.enter_context(rounded_checkpoint(checkpoint, wire)))
         result = evaluate(
             model or "default",
             task,
@@ -174,20 +176,25 @@ def engine_in_fp32() -> bool:
 
 
 @contextlib.contextmanager
-def rounded_checkpoint(checkpoint: Path) -> Iterator[Path]:
-    """A model directory for a checkpoint's weights rounded to bf16, as the learner publishes them: the policy its
-    steps trained (`learner/rounding.py`). The fp32 weights themselves are another policy, up to several nats
-    apart on a token (docs/BENCHMARKS.md). Removed afterwards."""
-    import torch
+def rounded_checkpoint(checkpoint: Path, wire: str = "bf16") -> Iterator[Path]:
+    """A model directory for a checkpoint's weights rounded to `wire` ('bf16' or 'fp16'), as the learner
+    publishes them: the policy its steps trained (`learner/rounding.py`). The fp32 weights themselves are another
+    policy, up to several nats apart on a token (docs/BENCHMARKS.md). Removed afterwards."""
     from safetensors.torch import load_file, save_file
 
+    from echo2cli.broadcast.image import WIRE_DTYPES
+
+    if wire not in WIRE_DTYPES:
+        raise ConfigError(
+            f"{checkpoint}: wire dtype {wire[:40]!r} is neither bf16 nor fp16: not a checkpoint of this echo2"
+        )
     mdir = Path(tempfile.mkdtemp(prefix=f"eval-{checkpoint.name}-", dir=checkpoint.parent.parent))
     try:
         copy_model_files(checkpoint, mdir)
         for index in checkpoint.glob("*.safetensors.index.json"):  # a checkpoint saved in shards
             shutil.copy2(index, mdir / index.name)
         for shard in checkpoint.glob("*.safetensors"):
-            tensors = {k: v.to(torch.bfloat16) for k, v in load_file(shard).items()}
+            tensors = {k: v.to(WIRE_DTYPES[wire]) for k, v in load_file(shard).items()}
             save_file(tensors, str(mdir / shard.name), metadata={"format": "pt"})
         yield mdir
     finally:

@@ -2,6 +2,8 @@
 
 The learner trains under bf16 autocast and a worker's engine computes in bf16 only where the hardware
 has bf16 (CUDA, or a CPU with AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32.
+`ECHO2_CPU_BF16=0` makes a CPU with bf16 compute in fp32 all the same, as one without it does: for runs that
+must match a CPU without bf16 (benchmarks), or a learner publishing fp16 (`wire_dtype`).
 `pin_thread` keeps one thread (the learner's training loop) on CPUs of its own.
 """
 
@@ -19,6 +21,9 @@ def has_cuda() -> bool:
 
 
 def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (and `ECHO2_CPU_BF16` is not 0)."""
+    if os.environ.get("ECHO2_CPU_BF16", "") == "0":
+        return False
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
@@ -30,6 +35,24 @@ def cpu_has_bf16() -> bool:
 def compute_dtype(cuda: bool) -> str:
     """The engine's dtype when none is asked for."""
     return "bfloat16" if cuda or cpu_has_bf16() else "float32"
+
+
+def wire_dtype(asked: str, cuda: bool) -> str:
+    """What a learner publishes its versions in: `asked` ('bf16' or 'fp16'), or for 'auto' fp16 where the learner
+    computes in fp32 (no CUDA, a CPU without bf16) and bf16 where it computes in bf16 (`learner/rounding.py`)."""
+    if asked != "auto":
+        return asked
+    return "fp16" if compute_dtype(cuda) == "float32" else "bf16"
+
+
+def engine_dtype(cuda: bool, wire: str) -> str:
+    """An engine's dtype when none is asked for, for a run publishing in `wire`. With fp16 versions, an engine that
+    would compute in bf16 computes in fp16 on CUDA and in fp32 on a CPU instead: bf16 would round each weight
+    again, to a policy the learner does not train."""
+    native = compute_dtype(cuda)
+    if wire != "fp16" or native == "float32":
+        return native
+    return "float16" if cuda else "float32"
 
 
 def parse_cpus(spec: str) -> set[int]:

@@ -191,13 +191,11 @@ def adapter_state(peft: Any) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(peft)
 
 
-def base_state_bf16(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The frozen base's weights of a model with adapters, in bf16 on the CPU, named as without them; a tied lm_head
-    is left out as HF does."""
-    import torch
-
+def base_state_published(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The frozen base's weights of a model with adapters, in `dtype` (the wire dtype) on the CPU, named as without
+    them; a tied lm_head is left out as HF does."""
     state = {
-        k.replace(".base_layer.", "."): v.detach().to("cpu", torch.bfloat16).contiguous()
+        k.replace(".base_layer.", "."): v.detach().to("cpu", dtype).contiguous()
         for k, v in model.state_dict().items()
         if ".lora_" not in k
     }

@@ -154,6 +154,9 @@ class JoinResponse(_Msg):
     )
     policy: PolicyInfo
     lora: LoraSpec | None = Field(default=None, description="versions after 0 are LoRA adapters (None: full weights)")
+    wire_dtype: Literal["bf16", "fp16"] = Field(
+        default="bf16", description="the dtype of every version's weights: the engine computes to match it"
+    )
     max_turns: int = Field(
         default=0, ge=0, le=256, description="a multi-turn task's policy turns per episode (0: one completion)"
     )

@@ -103,7 +103,7 @@ def main() -> None:
         for v in range(3):
             if v:
                 trainer.step(make_groups(4, 8, 12, seed=v), version=v)
-            tensors = trainer.weights_bf16()
+            tensors = trainer.published_weights()
             assert tensors is not None
             write_weights(tensors, path := root / f"v{v}.safetensors")
             files.append(path)

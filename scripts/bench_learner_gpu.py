@@ -187,7 +187,7 @@ def attention_kernel(device: torch.device | None) -> str:
 def export_times(trainer) -> dict[str, float]:
     """The version's snapshot as the publisher takes it (`weights_image`: pinned, asynchronous copies; the first
     one allocates and pins the buffer, the second reuses it from torch's pinned-memory cache), against the
-    per-tensor pageable copy it replaced (`weights_bf16`), and the write of the file from the image."""
+    per-tensor pageable copy it replaced (`published_weights`), and the write of the file from the image."""
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-export-") as tmp:
         for attempt in ("first", "second"):
@@ -200,7 +200,7 @@ def export_times(trainer) -> dict[str, float]:
                 out["write_s"] = round(time.perf_counter() - t, 2)
             del image
         t = time.perf_counter()
-        trainer.weights_bf16()
+        trainer.published_weights()
         out["snapshot_pageable_s"] = round(time.perf_counter() - t, 2)
     out["export_s"] = out["snapshot_first_s"] + out["write_s"]
     return out

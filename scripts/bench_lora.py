@@ -45,7 +45,7 @@ def one(rank: int, steps: int) -> dict:
         times.append(time.perf_counter() - t0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.safetensors"
-        tensors = trainer.weights_bf16()
+        tensors = trainer.published_weights()
         assert tensors is not None
         write_weights(tensors, path)
         version_bytes = path.stat().st_size

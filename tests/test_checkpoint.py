@@ -257,7 +257,7 @@ def test_versions_are_announced_in_order_one_in_flight_and_the_copy_is_taken_at_
     trainer = make_trainer(tiny_model_dir)
     publisher = Publisher(trainer, node, coord, tmp_path / "versions", "http://t/announce", keep=5)
     publisher.publish(0)
-    before = {k: v.clone() for k, v in trainer.weights_bf16().items()}
+    before = {k: v.clone() for k, v in trainer.published_weights().items()}
     with torch.no_grad():  # training goes on while version 0 is written: the file must not see it
         for p in trainer.model.parameters():
             p.add_(1.0)

@@ -7,8 +7,10 @@ from echo2cli.config import WorkerConfig
 from echo2cli.worker.engine import GpuSettings, cpu_list, engine_kwargs, instance_dict
 
 
-def kwargs(cuda: bool, gpu: GpuSettings = GpuSettings(), dtype: str = "auto") -> dict:
-    return engine_kwargs(Path("/m"), cuda=cuda, dtype=dtype, max_model_len=16896, seed=3, kv_cache_gib=0.5, gpu=gpu)
+def kwargs(cuda: bool, gpu: GpuSettings = GpuSettings(), dtype: str = "auto", wire: str = "bf16") -> dict:
+    return engine_kwargs(
+        Path("/m"), cuda=cuda, dtype=dtype, max_model_len=16896, seed=3, kv_cache_gib=0.5, gpu=gpu, wire=wire
+    )
 
 
 def test_a_gpu_host_gets_bf16_its_memory_share_tensor_parallelism_and_batch():
@@ -17,6 +19,30 @@ def test_a_gpu_host_gets_bf16_its_memory_share_tensor_parallelism_and_batch():
     assert (k["gpu_memory_utilization"], k["tensor_parallel_size"], k["max_num_seqs"]) == (0.9, 2, 64)
     assert "kv_cache_memory_bytes" not in k and "block_size" not in k
     assert "max_num_seqs" not in kwargs(True)  # 0: vLLM's own default
+
+
+def test_an_engine_never_rounds_fp16_versions_to_bf16(monkeypatch):
+    """A run publishing fp16 (`--wire-dtype`): a GPU engine computes in fp16, a CPU one in fp32 even where the CPU
+    has bf16; an asked dtype stands."""
+    from echo2cli import hardware
+
+    assert kwargs(True, wire="fp16")["dtype"] == "float16"
+    assert kwargs(True, wire="fp16", dtype="bfloat16")["dtype"] == "bfloat16"
+    for has_bf16, bf16_wire in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(hardware, "cpu_has_bf16", lambda has=has_bf16: has)
+        assert kwargs(False, wire="fp16")["dtype"] == "float32"
+        assert kwargs(False)["dtype"] == bf16_wire
+
+
+def test_auto_publishes_fp16_only_where_the_learner_computes_in_fp32(monkeypatch):
+    from echo2cli import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
+    assert hardware.wire_dtype("auto", cuda=False) == "fp16"
+    assert hardware.wire_dtype("auto", cuda=True) == "bf16"
+    assert hardware.wire_dtype("bf16", cuda=False) == "bf16" and hardware.wire_dtype("fp16", cuda=True) == "fp16"
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    assert hardware.wire_dtype("auto", cuda=False) == "bf16"
 
 
 def test_the_cpu_path_keeps_its_measured_settings_whatever_the_gpu_flags():

@@ -11,7 +11,7 @@ import pytest
 
 from echo2cli.config import LearnerConfig
 from echo2cli.errors import ConfigError
-from echo2cli.hardware import parse_cpus, pin_thread, usable_cpus
+from echo2cli.hardware import compute_dtype, cpu_has_bf16, parse_cpus, pin_thread, usable_cpus
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,12 @@ def test_the_cli_refuses_an_unavailable_training_cpu_in_one_line(tmp_path):
     )
     assert proc.returncode != 0 and f"--train-cpus {beyond}" in proc.stderr and "not available" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_echo2_cpu_bf16_0_makes_a_cpu_compute_in_fp32(monkeypatch):
+    """A box whose CPU has bf16 runs as one without it: engine in fp32, fp16 versions under --wire-dtype auto."""
+    from echo2cli.hardware import wire_dtype
+
+    monkeypatch.setenv("ECHO2_CPU_BF16", "0")
+    assert not cpu_has_bf16() and compute_dtype(cuda=False) == "float32"
+    assert wire_dtype("auto", cuda=False) == "fp16" and compute_dtype(cuda=True) == "bfloat16"

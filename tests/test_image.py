@@ -30,6 +30,19 @@ def test_the_image_is_the_file_safetensors_writes_and_is_written_whole(tmp_path)
     assert not list((tmp_path / "v").glob("*.tmp"))
 
 
+def test_an_fp16_image_is_the_file_safetensors_writes_for_fp16(tmp_path):
+    """`--wire-dtype fp16`: the same layout, an F16 header, each weight cast to fp16 (bf16 ones exactly)."""
+    tensors = weights()
+    fp16 = {k: v.to(torch.float16) for k, v in tensors.items()}
+    save_file(fp16, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    image = VersionImage(tensors, dtype=torch.float16)
+    assert image.data.tobytes() == (tmp_path / "ref.safetensors").read_bytes()
+    embed = tensors["model.embed_tokens.weight"].float()
+    lost = (fp16["model.embed_tokens.weight"].float() - embed).abs()
+    assert lost[embed.abs() >= 2**-14].max() == 0  # bf16 values in fp16's normal range fit it exactly
+    assert lost.max() <= 2**-25  # below it, half of fp16's smallest step
+
+
 def test_piece_hashes_and_digest_from_memory_equal_those_of_the_written_file(tmp_path):
     image = VersionImage(weights())
     path = tmp_path / "v000001" / "model.safetensors"

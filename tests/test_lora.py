@@ -43,17 +43,17 @@ def rewarded_step(tr) -> dict:
 
 def test_lora_trains_the_adapters_alone_and_a_version_is_only_their_tensors(tiny_model_dir):  # noqa: F811
     tr = make_trainer(tiny_model_dir, lora=SPEC)
-    base_before = tr.base_weights_bf16()
+    base_before = tr.published_base_weights()
     before = logp_of(tr, [5, 6], [20, 21]).sum()
     rewarded_step(tr)
     assert logp_of(tr, [5, 6], [20, 21]).sum() > before
-    base_after = tr.base_weights_bf16()
+    base_after = tr.published_base_weights()
     assert base_after.keys() == base_before.keys() and all(
         torch.equal(base_after[k], base_before[k]) for k in base_after
     )
-    plain = make_trainer(tiny_model_dir).weights_bf16()
+    plain = make_trainer(tiny_model_dir).published_weights()
     assert plain is not None and base_after.keys() == plain.keys()  # named as in the model without adapters
-    version = tr.weights_bf16()
+    version = tr.published_weights()
     assert version is not None and len(version) == 2 * 2 * 2  # A and B, of q and v, in each of 2 layers
     assert all(".lora_A." in k or ".lora_B." in k for k in version)
     assert all(v.dtype == torch.bfloat16 for v in version.values())
@@ -62,7 +62,7 @@ def test_lora_trains_the_adapters_alone_and_a_version_is_only_their_tensors(tiny
 def test_the_merged_version_scores_like_the_trained_adapters(tiny_model_dir):  # noqa: F811
     tr = make_trainer(tiny_model_dir, lora=SPEC, lr=0.1)
     rewarded_step(tr)
-    version, base = tr.weights_bf16(), tr.base_weights_bf16()
+    version, base = tr.published_weights(), tr.published_base_weights()
     assert version is not None
     merged = merge({k: v.float() for k, v in base.items()}, {k: v.float() for k, v in version.items()}, SPEC)
     full = make_trainer(tiny_model_dir)
@@ -99,7 +99,7 @@ def test_a_lora_checkpoint_resumes_the_adapters_and_their_optimizer(tiny_model_d
     assert (tmp_path / "adapter_model.safetensors").is_file() and not (tmp_path / "model.safetensors").exists()
     again = make_trainer(tiny_model_dir, lora=SPEC)
     again.load_checkpoint(tmp_path)
-    a, b = tr.weights_bf16(), again.weights_bf16()
+    a, b = tr.published_weights(), again.published_weights()
     assert a is not None and b is not None and all(torch.equal(a[k], b[k]) for k in a)
     assert again.opt.state_dict()["state"].keys() == tr.opt.state_dict()["state"].keys()
     other = make_trainer(tiny_model_dir, lora=SPEC.model_copy(update={"targets": ["q_proj"]}))
@@ -115,7 +115,7 @@ def test_a_published_adapter_version_merges_into_its_base(tiny_model_dir, tmp_pa
 
     tr = make_trainer(tiny_model_dir, lora=SPEC, lr=0.1)
     rewarded_step(tr)
-    version, base = tr.weights_bf16(), tr.base_weights_bf16()
+    version, base = tr.published_weights(), tr.published_base_weights()
     assert version is not None
     (tmp_path / "v000000").mkdir()
     (tmp_path / "v000003").mkdir()
@@ -145,7 +145,7 @@ def test_lora_options():
 
 def test_the_adapter_size_bound_is_the_trainers_adapters_plus_the_header_allowance(tiny_model_dir, tmp_path):  # noqa: F811
     tr = make_trainer(tiny_model_dir, lora=SPEC)
-    version, base = tr.weights_bf16(), tr.base_weights_bf16()
+    version, base = tr.published_weights(), tr.published_base_weights()
     assert version is not None
     write_weights(version, tmp_path / "adapters.safetensors")  # as the learner publishes them
     write_weights(base, tmp_path / "base.safetensors")

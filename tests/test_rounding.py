@@ -39,6 +39,21 @@ def test_from_the_grid_a_small_step_is_lost_to_rounding_and_from_a_dithered_mast
     assert 0.09 < moved.mean() < 0.11  # on average the step itself (0.99 of it: the interval is shrunk by 1 %)
 
 
+def test_in_fp16_a_dithered_weight_keeps_its_fp16_value_and_a_small_step_moves_it_an_eighth_as_coarsely():
+    """`--wire-dtype fp16`: the same dither in fp16's finer intervals; a step of a tenth of a bf16 ulp moves an
+    fp16 weight by whole fp16 ulps, eight times smaller, with the same mean."""
+    x = grid_weights()
+    x = x[x.abs() >= 2**-14]  # fp16's normal range: 99.9 % of weights of scale 0.05
+    step = 0.1 * ulp(x)
+    dith = dithered(x, torch.rand(x.shape, generator=torch.Generator().manual_seed(1)), torch.float16)
+    assert torch.equal(dith.half(), x.half())
+    moved = ((dith + step).half().float() - dith.half().float()) / ulp(x)
+    assert (moved.abs() <= 0.125 + 1e-6).float().mean() > 0.999  # one fp16 ulp, an eighth of bf16's (but at 2^k)
+    assert 0.09 < moved.mean() < 0.11
+    bf16_moved = ((dithered(x, torch.rand(x.shape), torch.bfloat16) + step).bfloat16().float() - x) / ulp(x)
+    assert moved.var() < bf16_moved.var() / 6  # an eighth of the variance, up to the ulp's steps at powers of two
+
+
 def test_dither_master_is_seeded_and_keeps_the_published_weights():
     params = [torch.nn.Parameter(grid_weights(1000)), torch.nn.Parameter(grid_weights(10).reshape(2, 5))]
     before = [p.detach().clone() for p in params]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from echo2cli.errors import ConfigError
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
@@ -250,10 +251,11 @@ def published_logp(trainer, directory, prompt, completion):
     return lp[len(prompt) - 1 :]
 
 
-def test_the_trainer_scores_with_the_weights_it_publishes(tiny_model_dir, tmp_path):
-    """Workers sample from the published bf16 weights. After a step the fp32 weights are off the bf16 grid, yet at
-    staleness 0 the trainer must score the policy the workers sampled from: w = 1 on every token."""
-    tr = make_trainer(tiny_model_dir, lr=1e-2, bf16=False)
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_the_trainer_scores_with_the_weights_it_publishes(tiny_model_dir, tmp_path, wire):
+    """Workers sample from the published weights (bf16 or fp16). After a step the fp32 weights are off that grid,
+    yet at staleness 0 the trainer must score the policy the workers sampled from: w = 1 on every token."""
+    tr = make_trainer(tiny_model_dir, lr=1e-2, bf16=False, wire_dtype=wire)
     prompt, good, bad = [5, 6], [20, 21, 22], [30, 31, 32]
 
     def group(version, score):
@@ -267,7 +269,7 @@ def test_the_trainer_scores_with_the_weights_it_publishes(tiny_model_dir, tmp_pa
     tr.step([group(0, lambda c: published_logp(tr, tmp_path / "v0", prompt, c))], version=0)
     fp32_gap = (logp_of(tr, prompt, good) - published_logp(tr, tmp_path / "v1", prompt, good)).abs().max()
     m = tr.step([group(1, lambda c: published_logp(tr, tmp_path / "v1", prompt, c))], version=1)
-    assert fp32_gap > 1e-3  # the unrounded weights are another policy: a trainer scoring with them would see w != 1
+    assert fp32_gap > (1e-3 if wire == torch.bfloat16 else 1e-5)  # the fp32 weights are another policy (w != 1)
     assert m["train/abs_log_ratio_max"] < 1e-5 and m["train/is_ess"] == pytest.approx(1.0, abs=1e-6)
 
 
@@ -284,21 +286,23 @@ def test_with_bf16_compute_only_what_the_layers_do_not_cast_is_rounded(tiny_mode
     }
 
 
-def test_a_checkpoint_is_evaluated_as_the_version_published_from_it(tiny_model_dir, tmp_path):
-    """`echo2 eval --run` on an engine computing in fp32 takes the checkpoint's weights rounded to bf16: the policy
-    the steps trained, byte for byte the version published after them, not the fp32 master."""
+@pytest.mark.parametrize("wire", ["bf16", "fp16"])
+def test_a_checkpoint_is_evaluated_as_the_version_published_from_it(tiny_model_dir, tmp_path, wire):
+    """`echo2 eval --run` on an engine computing in fp32 takes the checkpoint's weights rounded to the run's wire
+    dtype: the policy the steps trained, byte for byte the version published after them, not the fp32 master."""
     from safetensors.torch import load_file
 
+    from echo2cli.broadcast.image import WIRE_DTYPES
     from echo2cli.evaluate import rounded_checkpoint
 
-    tr = make_trainer(tiny_model_dir, bf16=False)
+    tr = make_trainer(tiny_model_dir, bf16=False, wire_dtype=WIRE_DTYPES[wire])
     prompt = [5, 6]
     samples = [Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i], logprobs=[-4.0]) for i in range(2)]
     tr.step([Group(0, 0, prompt, samples, [1.0, 0.0], "w")])
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
     tr.save_checkpoint(checkpoint)
-    published = tr.weights_bf16()
-    with rounded_checkpoint(checkpoint) as model_dir:
+    published = tr.published_weights()
+    with rounded_checkpoint(checkpoint, wire) as model_dir:
         rounded = load_file(str(model_dir / "model.safetensors"))
         assert (model_dir / "config.json").is_file()
     assert rounded.keys() == published.keys()
@@ -307,13 +311,25 @@ def test_a_checkpoint_is_evaluated_as_the_version_published_from_it(tiny_model_d
         torch.equal(rounded[k].float(), v) for k, v in load_file(str(checkpoint / "model.safetensors")).items()
     )
     assert not model_dir.exists()
+    with pytest.raises(ConfigError, match="neither bf16 nor fp16"), rounded_checkpoint(checkpoint, "fp8"):
+        pass
 
 
-def test_a_dithered_master_publishes_version_0_unchanged(tiny_model_dir):
-    """`--master-dither` moves the fp32 master inside each weight's bf16 rounding interval: the workers' version 0
-    is byte for byte the one published without it."""
-    plain, dithered = make_trainer(tiny_model_dir, bf16=False), make_trainer(tiny_model_dir, bf16=False, dither_seed=0)
-    published, dithered_published = plain.weights_bf16(), dithered.weights_bf16()
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_a_dithered_master_publishes_version_0_unchanged(tiny_model_dir, wire):
+    """`--master-dither` moves the fp32 master inside each weight's rounding interval in the wire dtype: the
+    workers' version 0 is byte for byte the one published without it."""
+    plain = make_trainer(tiny_model_dir, bf16=False, wire_dtype=wire)
+    dithered = make_trainer(tiny_model_dir, bf16=False, dither_seed=0, wire_dtype=wire)
+    published, dithered_published = plain.published_weights(), dithered.published_weights()
     assert all(torch.equal(published[k], dithered_published[k]) for k in published)
     masters = zip(plain.model.parameters(), dithered.model.parameters(), strict=True)
     assert not all(torch.equal(p, q) for p, q in masters)
+
+
+def test_fp16_versions_need_a_learner_computing_in_fp32(tiny_model_dir):
+    """bf16 compute would round the layers' weights to bf16 again: not the fp16 policy the workers sample."""
+    with pytest.raises(ConfigError, match="--wire-dtype fp16 needs a learner computing in fp32"):
+        make_trainer(tiny_model_dir, bf16=True, wire_dtype=torch.float16)
+    published = make_trainer(tiny_model_dir, bf16=False, wire_dtype=torch.float16).published_weights()
+    assert {t.dtype for t in published.values()} == {torch.float16}

@@ -122,6 +122,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         lr=(cfg.lora_lr or 10 * cfg.lr) if setting["lora_rank"] else cfg.lr,
         lora_rank=setting["lora_rank"] or None,
         kl_coef=cfg.kl_coef,
+        wire_dtype=cfg.wire_dtype,
         seed=setting["seed"],
         off_policy=setting["off_policy"],
         adaptive_staleness=setting["adaptive"],

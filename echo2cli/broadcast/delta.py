@@ -1,4 +1,5 @@
-"""Delta versions: version v as a compact patch against version v-1 of the same bf16 safetensors file.
+"""Delta versions: version v as a compact patch against version v-1 of the same safetensors file of 16-bit
+floats (bf16 or fp16, the learner's wire dtype; the figures below are bf16's).
 
 With a small learning rate, one optimizer step moves most bf16 weights by less than half a unit in
 the last place, so they round to the same 16 bits: measured on the default model at lr 5e-5, about
@@ -18,8 +19,10 @@ changed words in that order,
     big      whether it moved by more than one step (one bit each)
     steps    how far, less 2, for the words that moved more than one step (uint16: low bytes, then high)
 
-each zstd-compressed. A word's "position" orders bf16 bit patterns by value (+0 at 0, -0 at -1, the largest
-negative at -32768), so a step of one is one unit in the last place, also across a power of two. Gap coding
+each zstd-compressed. A word's "position" orders bit patterns by value (+0 at 0, -0 at -1, the largest negative
+at -32768; bf16 and fp16 alike, both sign and magnitude), so a step of one is one unit in the last place, also
+across a power of two. For fp16 the "exponent" that orders a chunk is bits 7-14 of the word, bf16's exponent: fp16's
+whole exponent and the first three bits of its mantissa, an order that still groups words by size. Gap coding
 costs about the entropy of which words changed (a bitmap compressed by zstd cost a third more), and a signed
 step costs ~2.3 bits a changed word where the XOR of old and new cost ~3.9, compressed (`docs/BENCHMARKS.md`,
 "Delta size, encode and rebuild"). A header records the base's and the target's digests (BLAKE3, digest.py);
@@ -55,7 +58,7 @@ def _words(path: Path) -> np.ndarray:
     read whole, then compared, indexed and XORed whole, made the encode 2.3x slower: scripts/bench_delta.py)."""
     size = path.stat().st_size
     if size % 2:
-        raise BroadcastError(f"{path} has an odd length: not a bf16 safetensors file")
+        raise BroadcastError(f"{path} has an odd length: not a safetensors file of 16-bit weights")
     return np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
 
 

@@ -1,4 +1,5 @@
-"""A version's file built in host memory: the safetensors header and every tensor in bf16, in the file's layout.
+"""A version's file built in host memory: the safetensors header and every tensor in the run's wire dtype (bf16 or
+fp16, 2 bytes a weight), in the file's layout.
 
 The learner's snapshot of its weights is this image: each tensor is cast and copied straight to its place in one
 buffer (pinned on a CUDA learner, so the device-to-host copies run asynchronously, all behind one synchronize).
@@ -9,7 +10,7 @@ The file is written with O_DIRECT where the filesystem takes it: the disk's DMA 
 for that), where a buffered write spends a core copying 1–16 GB into the page cache, a core the hashes and the
 delta need (an encode beside a buffered write took 1.4x its time beside a direct one: docs/BENCHMARKS.md).
 
-The bytes are those of `safetensors.torch.save_file(tensors, metadata={"format": "pt"})` for bf16 tensors
+The bytes are those of `safetensors.torch.save_file(tensors, metadata={"format": "pt"})` for tensors of that dtype
 (tests/test_image.py): the tensors sorted by name, the JSON header padded with spaces to a multiple of 8.
 """
 
@@ -27,15 +28,26 @@ import torch
 
 WRITE_BLOCK = 64 << 20  # bytes per write call
 ALIGN = 4096  # what O_DIRECT asks of a write's memory, offset and length
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # what a version's weights may travel in
+SAFETENSORS_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
-def _header(tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, int]]:
+def wire_name(dtype: torch.dtype) -> str:
+    """'bf16' or 'fp16': a wire dtype's name in options and configs."""
+    return next(name for name, d in WIRE_DTYPES.items() if d == dtype)
+
+
+def _header(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[bytes, dict[str, int]]:
     """The file's first bytes (length, JSON header, padding) and each tensor's offset after them."""
     entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     offsets, at = {}, 0
     for name in sorted(tensors):
         n = tensors[name].numel() * 2
-        entries[name] = {"dtype": "BF16", "shape": list(tensors[name].shape), "data_offsets": [at, at + n]}
+        entries[name] = {
+            "dtype": SAFETENSORS_NAMES[dtype],
+            "shape": list(tensors[name].shape),
+            "data_offsets": [at, at + n],
+        }
         offsets[name], at = at, at + n
     raw = json.dumps(entries, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -45,12 +57,14 @@ def _header(tensors: dict[str, torch.Tensor]) -> tuple[bytes, dict[str, int]]:
 class VersionImage:
     """One version's safetensors file in memory (`data`: bytes; `words`: the same bytes as 16-bit words)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], reuse: VersionImage | None = None) -> None:
-        """Copy `tensors` (any device, any floating dtype; cast to bf16) into a new image. `reuse`: an image
-        nobody needs any more (the learner's last version, once announced) whose memory this one takes over
-        where the sizes match: refilling mapped memory took 0.2 s for 1.19 GB on one core where a fresh buffer
-        took 1.2-2 s, mostly page faults (docs/BENCHMARKS.md)."""
-        header, offsets = _header(tensors)
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], reuse: VersionImage | None = None, dtype: torch.dtype = torch.bfloat16
+    ) -> None:
+        """Copy `tensors` (any device, any floating dtype; cast to `dtype`, bf16 or fp16) into a new image.
+        `reuse`: an image nobody needs any more (the learner's last version, once announced) whose memory this one
+        takes over where the sizes match: refilling mapped memory took 0.2 s for 1.19 GB on one core where a fresh
+        buffer took 1.2-2 s, mostly page faults (docs/BENCHMARKS.md)."""
+        header, offsets = _header(tensors, dtype)
         size = len(header) + 2 * sum(t.numel() for t in tensors.values())
         cuda = any(t.is_cuda for t in tensors.values())
         self.buf: torch.Tensor
@@ -65,7 +79,7 @@ class VersionImage:
         self.buf[: len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
         for name, t in tensors.items():
             at = len(header) + offsets[name]
-            place = self.buf[at : at + 2 * t.numel()].view(torch.bfloat16).view(t.shape)
+            place = self.buf[at : at + 2 * t.numel()].view(dtype).view(t.shape)
             place.copy_(t.detach(), non_blocking=cuda)  # cast on the tensor's device, then one copy to the host
         if cuda:
             torch.cuda.synchronize()

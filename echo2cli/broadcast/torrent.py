@@ -1,4 +1,4 @@
-"""Publishing a policy version: bf16 safetensors → a v1 private torrent.
+"""Publishing a policy version: safetensors (bf16 or fp16) → a v1 private torrent.
 
 v1, not v2 or hybrid, so that any ordinary client can fetch a version: Debian's aria2c 1.36, given a
 hybrid torrent made by libtorrent 2.1.1, announced under an info-hash that is not the torrent's and found

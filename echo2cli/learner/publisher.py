@@ -1,14 +1,14 @@
-"""Publisher: version v → `versions/v<v>/model.safetensors` (bf16) → v1 torrent → seeded here.
+"""Publisher: version v → `versions/v<v>/model.safetensors` (the wire dtype) → v1 torrent → seeded here.
 
 Each version after the first is also published as a delta against the previous one
 (`versions/v<v>.delta/model.delta`, its own torrent; see broadcast/delta.py): a worker that holds
 the previous version fetches a few percent of the bytes and rebuilds the file. The full torrent stays
 for workers without the base (late joiners, laggards).
 
-Publishing is off the training path: `publish(v)` copies the weights, cast to bf16, into the bytes of the
-version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA; on the CPU, into the
-memory of the last announced version, already mapped), and a background thread writes, hashes, delta-encodes,
-seeds and announces it while the next step trains. The file is written on one thread (O_DIRECT) while the
+Publishing is off the training path: `publish(v)` copies the weights, cast to the wire dtype (bf16 or fp16), into
+the bytes of the version's file in host memory (`image.VersionImage`: pinned, asynchronous copies on CUDA; on the
+CPU, into the memory of the last announced version, already mapped), and a background thread writes, hashes,
+delta-encodes, seeds and announces it while the next step trains. The file is written on one thread (O_DIRECT) while the
 piece hashes, the version's digest (BLAKE3, a tree) and the delta's chunks are computed from the same memory on
 a thread per core (`image.py`, `digest.py`, `delta.py`; scripts/bench_publish.py times each stage).
 One version is in flight at a time: `publish(v + 1)` first waits for v (its delta needs v's file), and so do
@@ -84,7 +84,8 @@ class Publisher:
         self.wait()
         waited = time.perf_counter() - t0
         if self.trainer.lora is not None and 0 not in self.sizes:  # the base, once, before the first adapters
-            self._write_and_announce(0, VersionImage(self.trainer.base_weights_bf16()), time.perf_counter())
+            base = VersionImage(self.trainer.published_base_weights(), dtype=self.trainer.wire_dtype)
+            self._write_and_announce(0, base, time.perf_counter())
             if version == 0:
                 return waited
         image = self.trainer.weights_image(reuse=self._spare)  # the last version is announced: its memory is free

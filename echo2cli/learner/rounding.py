@@ -1,6 +1,7 @@
 """The trainer computes with the weights it publishes.
 
-A version goes to the workers in bf16 (`Trainer.weights_image`); the trainer keeps its weights in fp32 for AdamW.
+A version goes to the workers in bf16 or fp16 (`Trainer.weights_image`; bf16 in what follows, fp16 at the end);
+the trainer keeps its weights in fp32 for AdamW.
 If its forward pass read the fp32 weights, the policy it scores and moves (pi_theta) would not be the one the
 engines sample from (mu: the same weights rounded to bf16), not even at staleness 0. An AdamW step moves each
 weight by about lr, and for most weights that is less than a bf16 ulp (the ulp of a weight of 0.05 is 2.4e-4).
@@ -22,6 +23,15 @@ lost to the policy. `dither_master` moves each master weight, once, to a random 
 interval. Version 0 is unchanged (every weight still rounds to its bf16 value); from there a master move of d
 moves the published weight by one ulp with probability d / ulp, so the policy moves by d on average, as the
 fp32 master does, from the first step.
+
+On average, not in each step: each weight's published move is a whole ulp or nothing, a variance of about
+d * ulp around d. With bf16's ulp, 12x a step of lr 2e-5 for a weight of 0.05, that noise is 3.5x the step
+itself. fp16 has the same 2 bytes and three more mantissa bits: an eighth of bf16's ulp (3.1e-5 at 0.05), so
+the same step reaches the published policy with an eighth of the variance. Its range (normal from 6.1e-5 to
+65504) holds a model's weights, and the few smaller weights lose bits only below 6.1e-5 (absolute error under
+3e-8). The version's dtype is the learner's `--wire-dtype`, which every function here takes: fp16 where the
+learner computes in fp32, since bf16 compute (autocast, FSDP2's bf16 layers) would round the layers' weights
+to bf16 again, and the workers' engines compute in fp16 on CUDA and in fp32 on a CPU (`hardware.engine_dtype`).
 """
 
 from __future__ import annotations
@@ -47,13 +57,13 @@ def read_at_fp32(model: torch.nn.Module, bf16_compute: bool) -> list[torch.nn.Pa
 
 
 @contextlib.contextmanager
-def as_published(params: list[torch.nn.Parameter]) -> Iterator[None]:
-    """Inside, `params` hold their values rounded to bf16 (in their own dtype); on leaving, their fp32 values
-    again. Gradients taken inside stay in `.grad`. Costs one copy of `params` while inside."""
+def as_published(params: list[torch.nn.Parameter], dtype: torch.dtype = torch.bfloat16) -> Iterator[None]:
+    """Inside, `params` hold their values rounded to `dtype`, the wire dtype (in their own dtype); on leaving,
+    their fp32 values again. Gradients taken inside stay in `.grad`. Costs one copy of `params` while inside."""
     with torch.no_grad():
         masters = [p.detach().clone() for p in params]
         for p in params:
-            p.copy_(p.to(torch.bfloat16))
+            p.copy_(p.to(dtype))
     try:
         yield
     finally:
@@ -62,11 +72,11 @@ def as_published(params: list[torch.nn.Parameter]) -> Iterator[None]:
                 p.copy_(master)
 
 
-def dither_master(params: list[torch.nn.Parameter], seed: int) -> None:
+def dither_master(params: list[torch.nn.Parameter], seed: int, dtype: torch.dtype = torch.bfloat16) -> None:
     """Move each fp32 master weight to a uniformly random point strictly inside the interval of values that round
-    to its bf16 value (the same bf16 value: the published weights do not change). Under FSDP2, each rank moves
-    its own shard, with its own stream. One stream runs on through all parameters, so two parameters of one shape
-    (the same projection in two layers) get independent offsets, not the same pattern."""
+    to its value in `dtype`, the wire dtype (the same value: the published weights do not change). Under FSDP2,
+    each rank moves its own shard, with its own stream. One stream runs on through all parameters, so two
+    parameters of one shape (the same projection in two layers) get independent offsets, not the same pattern."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     generators: dict[torch.device, torch.Generator] = {}  # one stream per device, on through every parameter
     with torch.no_grad():
@@ -76,14 +86,15 @@ def dither_master(params: list[torch.nn.Parameter], seed: int) -> None:
                 generators[local.device] = torch.Generator(device=local.device).manual_seed(seed * 1_000_003 + rank)
             gen = generators[local.device]
             for part in local.view(-1).split(CHUNK):
-                part.copy_(dithered(part, torch.rand(part.shape, generator=gen, device=part.device)))
+                part.copy_(dithered(part, torch.rand(part.shape, generator=gen, device=part.device), dtype))
 
 
-def dithered(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """`x` rounded to bf16, then moved by a fraction `u` (in [0, 1)) across the span between the midpoints to
-    its bf16 neighbours, shrunk by 1 % so that no point is a tie; the result rounds back to the same bf16."""
-    b = x.to(torch.bfloat16)
-    inf = torch.tensor(float("inf"), dtype=torch.bfloat16, device=x.device)
+def dithered(x: torch.Tensor, u: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """`x` rounded to `dtype` (bf16 or fp16), then moved by a fraction `u` (in [0, 1)) across the span between the
+    midpoints to its neighbours in `dtype`, shrunk by 1 % so that no point is a tie; the result rounds back to
+    the same value."""
+    b = x.to(dtype)
+    inf = torch.tensor(float("inf"), dtype=dtype, device=x.device)
     centre = b.float()
     low = (torch.nextafter(b, -inf).float() - centre) / 2
     high = (torch.nextafter(b, inf).float() - centre) / 2

@@ -246,14 +246,14 @@ class ShardedTrainer(Trainer):
         self._tell("step", groups, version)
         return super().step(groups, version)
 
-    def weights_bf16(self) -> dict[str, torch.Tensor] | None:
-        self._tell("weights_bf16")
-        return super().weights_bf16()
+    def published_weights(self) -> dict[str, torch.Tensor] | None:
+        self._tell("published_weights")
+        return super().published_weights()
 
     def weights_image(self, reuse: VersionImage | None = None) -> VersionImage | None:
-        """Rank 0: the gathered bf16 weights as a file image (the other ranks join the gather)."""
-        tensors = self.weights_bf16()
-        return None if tensors is None else VersionImage(tensors, reuse)
+        """Rank 0: the gathered weights in the wire dtype as a file image (the other ranks join the gather)."""
+        tensors = self.published_weights()
+        return None if tensors is None else VersionImage(tensors, reuse, self.wire_dtype)
 
     def save_checkpoint(self, directory: Path) -> None:
         self._tell("save_checkpoint", directory)
@@ -307,7 +307,7 @@ class ShardedTrainer(Trainer):
         return out if self.rank == 0 else None
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
-        return self._gathered(torch.bfloat16)
+        return self._gathered(self.wire_dtype)
 
     def _save(self, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from echo2cli.broadcast.image import VersionImage
+from echo2cli.broadcast.image import VersionImage, wire_name
+from echo2cli.errors import ConfigError
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches
@@ -36,12 +37,32 @@ from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
 from echo2cli.learner.rounding import as_published, dither_master, read_at_fp32
 from echo2cli.learner.types import Group
-from echo2cli.lora import adapter_state, attach_adapters, base_state_bf16, load_adapters, save_adapters
+from echo2cli.lora import adapter_state, attach_adapters, base_state_published, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
 
 
 def _autocast_ok(device: torch.device) -> bool:
     return device.type == "cuda" or cpu_has_bf16()
+
+
+def _training_device(device: torch.device | None) -> torch.device:
+    """`device`, or CUDA where there is one. On CUDA, fp32 matmuls (the vocabulary head's, `TokenLogp`) run on TF32
+    tensor cores."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    return device
+
+
+def _checked_wire(wire: torch.dtype, bf16_compute: bool) -> torch.dtype:
+    """`wire` if the trainer can compute with the weights as published in it: fp16 only without bf16 compute,
+    whose layers would take the weights rounded to bf16 again."""
+    if wire != torch.bfloat16 and bf16_compute:
+        raise ConfigError(
+            f"--wire-dtype {wire_name(wire)} needs a learner computing in fp32, and this one computes in bf16 "
+            "(CUDA, or a CPU with bf16): use --wire-dtype bf16 (or auto)"
+        )
+    return wire
 
 
 def _load(model_dir: Path, device: torch.device) -> torch.nn.Module:
@@ -257,12 +278,15 @@ def read_back(
     return sums, outliers
 
 
-def adamw(model: torch.nn.Module, lr: float, fused: bool, dither_seed: int | None) -> torch.optim.AdamW:
-    """AdamW on the trainable parameters, whose fp32 master is first dithered inside its bf16 rounding intervals
-    with `dither_seed` unless it is None (`rounding.dither_master`: small steps then reach the published policy)."""
+def adamw(
+    model: torch.nn.Module, lr: float, fused: bool, dither_seed: int | None, wire: torch.dtype = torch.bfloat16
+) -> torch.optim.AdamW:
+    """AdamW on the trainable parameters, whose fp32 master is first dithered inside its rounding intervals in the
+    wire dtype with `dither_seed` unless it is None (`rounding.dither_master`: small steps then reach the
+    published policy)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if dither_seed is not None:
-        dither_master(trainable, dither_seed)
+        dither_master(trainable, dither_seed, wire)
     return torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=fused or None)
 
 
@@ -290,24 +314,24 @@ class Trainer:
         bf16: bool | None = None,
         compile: bool = False,
         dither_seed: int | None = None,
+        wire_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose
-        ratio to the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too.
-        A micro-batch holds at most `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most
-        that many padded tokens. `activation_checkpointing` recomputes each layer's activations in the
-        backward pass instead of keeping them: less memory for long sequences, more compute. `off_policy`,
-        `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`). `share_prompts`: run a prompt
-        shared by several sequences of a micro-batch once (`TokenLogp`). `lora`: train adapters of that spec on the
-        frozen model instead of the model itself. `model`: a causal LM to train instead of the one in `model_dir`
-        (the GPU benchmarks build theirs from a config). `bf16`: compute in bf16 (autocast in one process, bf16
-        layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX). `compile`:
-        each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`: `adamw`."""
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda":  # fp32 matmuls are the vocabulary head's (`TokenLogp`): TF32 tensor cores
-            torch.backends.cuda.matmul.allow_tf32 = True
+        """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose ratio to
+        the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too. A micro-batch holds at most
+        `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most that many padded tokens.
+        `activation_checkpointing` recomputes each layer's activations in the backward pass instead of keeping them:
+        less memory for long sequences, more compute. `off_policy`, `geo_low`, `geo_high`: the off-policy correction and
+        its bounds (`grpo.py`). `share_prompts`: run a prompt shared by several sequences of a micro-batch once
+        (`TokenLogp`). `lora`: train adapters of that spec on the frozen model instead of the model itself. `model`: a
+        causal LM to train instead of `model_dir`'s (the GPU benchmarks build theirs from a config). `bf16`: compute in
+        bf16 (autocast in one process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with
+        AVX512-BF16/AMX). `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`).
+        `dither_seed`: `adamw`. `wire_dtype`: the versions' (`_checked_wire`)."""
+        self.device = _training_device(device)
         self.model = self._policy_model(model_dir, model).train()
         use_packed_attention(self.model)
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
+        self.wire_dtype = _checked_wire(wire_dtype, self.autocast)
         self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
         self.peft = attach_adapters(self.model, lora) if lora is not None else None
         if activation_checkpointing:
@@ -321,7 +345,7 @@ class Trainer:
         self.policy = self._placed(TokenLogp(self.model, share_prompts, bf16_head), model_dir)
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
-        self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed)
+        self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed, wire_dtype)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
@@ -372,7 +396,7 @@ class Trainer:
         chunks = micro_batches(self._my_rows(lengths), lengths, budget, most, group_of, True, prompt_lengths)
         self.opt.zero_grad(set_to_none=True)
         parts: list[tuple[list[int], dict[str, Any]]] = []
-        with as_published(self.rounded):
+        with as_published(self.rounded, self.wire_dtype):
             for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
                 part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
                 if chunk:
@@ -448,21 +472,21 @@ class Trainer:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights in bf16 on the CPU (None on a rank that does not write); with LoRA, the
+        """The whole model's weights in the wire dtype on the CPU (None on a rank that does not write); with LoRA, the
         adapters' alone, named as PEFT saves them."""
         state = adapter_state(self.peft) if self.peft is not None else self.model.state_dict()
-        return {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in state.items()}
+        return {k: v.detach().to("cpu", self.wire_dtype).contiguous() for k, v in state.items()}
 
-    def base_weights_bf16(self) -> dict[str, torch.Tensor]:
-        """With LoRA: the frozen base's weights in bf16 (version 0), named as in the model without adapters."""
-        return base_state_bf16(self.model)
+    def published_base_weights(self) -> dict[str, torch.Tensor]:
+        """With LoRA: the frozen base's weights in the wire dtype (version 0), named as without adapters."""
+        return base_state_published(self.model, self.wire_dtype)
 
     def close(self) -> None:
         """Nothing to release in one process (a sharded trainer releases its other ranks)."""
 
-    def weights_bf16(self) -> dict[str, torch.Tensor] | None:
-        """A bf16 copy of the weights on the CPU to publish (None on a rank that does not write); a tied lm_head is
-        left out as HF does. The copy is the version: training may go on while it is written."""
+    def published_weights(self) -> dict[str, torch.Tensor] | None:
+        """A copy of the weights in the wire dtype on the CPU to publish (None on a rank that does not write); a tied
+        lm_head is left out as HF does. The copy is the version: training may go on while it is written."""
         tensors = self._full_state()
         if tensors is not None and getattr(self.model.config, "tie_word_embeddings", False):
             tensors.pop("lm_head.weight", None)
@@ -476,11 +500,11 @@ class Trainer:
         state = adapter_state(self.peft) if self.peft is not None else self.model.state_dict()
         if self.peft is None and getattr(self.model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
-        return VersionImage(state, reuse)
+        return VersionImage(state, reuse, self.wire_dtype)
 
     def export_weights(self, path: Path) -> None:
-        """Write model.safetensors in bf16 (the rollout/wire dtype)."""
-        tensors = self.weights_bf16()
+        """Write model.safetensors in the wire dtype."""
+        tensors = self.published_weights()
         if tensors is not None:
             write_weights(tensors, path)
 

@@ -4,8 +4,9 @@
 `model.safetensors`: the engine keeps its KV cache and process, so a swap costs about a second for the
 135M default on a 2-core CPU instead of an engine restart (docs/BENCHMARKS.md has the figures).
 
-Weights travel in bf16; the engine computes in bf16 where the hardware has it (CUDA, or a CPU with
-AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower. It returns the
+Weights travel in bf16 or fp16 (the learner's `--wire-dtype`); the engine computes in bf16 where the hardware
+has it (CUDA, or a CPU with AVX512-BF16/AMX) and in fp32 elsewhere, where emulated bf16 measured 3x slower; with
+fp16 versions, in fp16 on CUDA and fp32 on any CPU (`hardware.engine_dtype`). It returns the
 log-prob of every sampled token (`SamplingParams(logprobs=0)`) under the distribution it was sampled
 from: `logprobs_mode="processed_logprobs"` gives log softmax(z / T) (vLLM's default, raw log-probs, is
 log softmax(z) whatever T is), and `generation_config="vllm"` keeps a model's generation_config.json from
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2cli.errors import ModelError
-from echo2cli.hardware import compute_dtype, has_cuda
+from echo2cli.hardware import engine_dtype, has_cuda
 from echo2cli.lora import vllm_rank
 from echo2cli.protocol import LoraSpec
 from echo2cli.worker.reaper import start_reaper
@@ -148,11 +149,13 @@ def engine_kwargs(
     gpu: GpuSettings,
     lora: LoraSpec | None = None,
     adapters_kept: int = 1,
+    wire: str = "bf16",
 ) -> dict:
-    """The arguments of `vllm.LLM` for one worker's engine; with `lora`, room for `adapters_kept` adapters."""
+    """The arguments of `vllm.LLM` for one worker's engine; with `lora`, room for `adapters_kept` adapters.
+    `wire`: the dtype the run's versions travel in (`hardware.engine_dtype`)."""
     kwargs: dict = dict(
         model=str(model_dir),
-        dtype=compute_dtype(cuda) if dtype == "auto" else dtype,
+        dtype=engine_dtype(cuda, wire) if dtype == "auto" else dtype,
         max_model_len=max_model_len,
         seed=seed,
         enable_prefix_caching=True,
@@ -193,6 +196,7 @@ class Engine:
         lora: LoraSpec | None = None,
         adapters_kept: int = 1,
         in_process: bool = False,
+        wire: str = "bf16",
     ) -> None:
         """`lora`: versions after the first are adapters of this spec (`load_adapter`), `adapters_kept` of them
         held by vLLM at once. `all_cpus` (CPU only): run the model on every CPU this process may use. vLLM's
@@ -220,6 +224,7 @@ class Engine:
             gpu=gpu,
             lora=lora,
             adapters_kept=adapters_kept,
+            wire=wire,
         )
         self.adapter: Any = None  # the LoRARequest every generate uses (None: the weights alone)
         if not cuda and all_cpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:

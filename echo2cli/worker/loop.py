@@ -468,6 +468,7 @@ def create_worker(cfg: WorkerConfig, console: Console | None = None) -> Worker:
             dtype=cfg.dtype,
             lora=lora,
             adapters_kept=worker.join_info.staleness + 2,  # every admissible version, and the one arriving
+            wire=worker.join_info.wire_dtype,
             in_process=True,  # on CPU: no engine processes of its own to start (engine.py)
         )
 
