@@ -65,11 +65,11 @@ def trainer_devices(ranks: int) -> list[str]:
     return visible[:ranks] if visible else [str(i) for i in range(ranks)]
 
 
-WireDtype = Literal["auto", "bf16", "fp16"]
+WireDtype = Literal["bf16", "fp16"]
 WIRE_DTYPE_HELP = (
-    "what versions are published in, 2 bytes a weight either way. fp16 keeps 3 more bits of each weight, so a step "
-    "moves the sampled policy in eighth-size increments; it needs a learner computing in fp32. auto: fp16 where "
-    "the learner computes in fp32 (no CUDA, a CPU without bf16), else bf16"
+    "what versions are published in, 2 bytes a weight either way: fp16 keeps 3 more bits of each weight (a step "
+    "moves the sampled policy in finer steps, deltas are larger) and needs a learner computing in fp32 (no CUDA; "
+    "on a CPU with bf16, ECHO2_CPU_BF16=0)"
 )
 
 
@@ -139,7 +139,7 @@ class LearnerConfig(_Config):
         "(version 0 is unchanged): a step smaller than half an ulp then reaches the published policy on average, "
         "instead of being lost until the master has moved half an ulp",
     )
-    wire_dtype: WireDtype = Field("auto", description=WIRE_DTYPE_HELP)
+    wire_dtype: WireDtype = Field("bf16", description=WIRE_DTYPE_HELP)
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
     )
@@ -664,7 +664,7 @@ class BenchStalenessConfig(_Config):
     )
     kl_coef: float = Field(0.0, ge=0.0, description="the learners' KL penalty to the initial policy (0 = off)")
     wire_dtype: WireDtype = Field(
-        "auto",
+        "bf16",
         description="the learners' --wire-dtype (what versions are published in). Runs of another dtype belong in "
         "another OUT (scripts/bench_wire.py compares two)",
     )

@@ -3,7 +3,7 @@
 The learner trains under bf16 autocast and a worker's engine computes in bf16 only where the hardware
 has bf16 (CUDA, or a CPU with AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32.
 `ECHO2_CPU_BF16=0` makes a CPU with bf16 compute in fp32 all the same, as one without it does: for runs that
-must match a CPU without bf16 (benchmarks), or a learner publishing fp16 (`wire_dtype`).
+must match a CPU without bf16 (benchmarks), or a learner publishing fp16 (`--wire-dtype fp16`).
 `pin_thread` keeps one thread (the learner's training loop) on CPUs of its own.
 """
 
@@ -35,14 +35,6 @@ def cpu_has_bf16() -> bool:
 def compute_dtype(cuda: bool) -> str:
     """The engine's dtype when none is asked for."""
     return "bfloat16" if cuda or cpu_has_bf16() else "float32"
-
-
-def wire_dtype(asked: str, cuda: bool) -> str:
-    """What a learner publishes its versions in: `asked` ('bf16' or 'fp16'), or for 'auto' fp16 where the learner
-    computes in fp32 (no CUDA, a CPU without bf16) and bf16 where it computes in bf16 (`learner/rounding.py`)."""
-    if asked != "auto":
-        return asked
-    return "fp16" if compute_dtype(cuda) == "float32" else "bf16"
 
 
 def engine_dtype(cuda: bool, wire: str) -> str:

@@ -34,17 +34,6 @@ def test_an_engine_never_rounds_fp16_versions_to_bf16(monkeypatch):
         assert kwargs(False)["dtype"] == bf16_wire
 
 
-def test_auto_publishes_fp16_only_where_the_learner_computes_in_fp32(monkeypatch):
-    from echo2cli import hardware
-
-    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
-    assert hardware.wire_dtype("auto", cuda=False) == "fp16"
-    assert hardware.wire_dtype("auto", cuda=True) == "bf16"
-    assert hardware.wire_dtype("bf16", cuda=False) == "bf16" and hardware.wire_dtype("fp16", cuda=True) == "fp16"
-    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
-    assert hardware.wire_dtype("auto", cuda=False) == "bf16"
-
-
 def test_the_cpu_path_keeps_its_measured_settings_whatever_the_gpu_flags():
     k = kwargs(False, GpuSettings(memory_utilization=0.9, tensor_parallel_size=2, max_num_seqs=64), dtype="float32")
     assert k["kv_cache_memory_bytes"] == 1 << 29 and k["block_size"] == 32 and k["enforce_eager"]

@@ -73,9 +73,6 @@ def test_the_cli_refuses_an_unavailable_training_cpu_in_one_line(tmp_path):
 
 
 def test_echo2_cpu_bf16_0_makes_a_cpu_compute_in_fp32(monkeypatch):
-    """A box whose CPU has bf16 runs as one without it: engine in fp32, fp16 versions under --wire-dtype auto."""
-    from echo2cli.hardware import wire_dtype
-
+    """A box whose CPU has bf16 runs as one without it: learner and engines in fp32 (so --wire-dtype fp16 runs)."""
     monkeypatch.setenv("ECHO2_CPU_BF16", "0")
-    assert not cpu_has_bf16() and compute_dtype(cuda=False) == "float32"
-    assert wire_dtype("auto", cuda=False) == "fp16" and compute_dtype(cuda=True) == "bfloat16"
+    assert not cpu_has_bf16() and compute_dtype(cuda=False) == "float32" and compute_dtype(cuda=True) == "bfloat16"

@@ -37,7 +37,7 @@ from echo2cli.broadcast.image import WIRE_DTYPES
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.config import LearnerConfig
 from echo2cli.errors import ConfigError, ModelError
-from echo2cli.hardware import has_cuda, pin_thread, usable_cpus, wire_dtype
+from echo2cli.hardware import pin_thread, usable_cpus
 from echo2cli.launch import announce_learner
 from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
@@ -163,7 +163,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         share_prompts=cfg.share_prompts,
         lora=lora_spec(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets),
         dither_seed=cfg.seed if cfg.master_dither else None,
-        wire_dtype=WIRE_DTYPES[wire_dtype(cfg.wire_dtype, has_cuda())],
+        wire_dtype=WIRE_DTYPES[cfg.wire_dtype],
     )
 
 
@@ -203,7 +203,6 @@ def run_settings(
 
 class Learner:
     def __init__(self, cfg: LearnerConfig, resume_from: Path | None = None) -> None:
-        cfg = cfg.model_copy(update={"wire_dtype": wire_dtype(cfg.wire_dtype, has_cuda())})  # 'auto' resolved
         self.cfg, self.out = cfg, cfg.out_dir
         ensure_writable(self.out, "--out")
         self.train_cpus = training_cpus(cfg)  # checked before anything starts; pinned when training starts

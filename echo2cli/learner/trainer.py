@@ -60,7 +60,7 @@ def _checked_wire(wire: torch.dtype, bf16_compute: bool) -> torch.dtype:
     if wire != torch.bfloat16 and bf16_compute:
         raise ConfigError(
             f"--wire-dtype {wire_name(wire)} needs a learner computing in fp32, and this one computes in bf16 "
-            "(CUDA, or a CPU with bf16): use --wire-dtype bf16 (or auto)"
+            "(CUDA, or a CPU with bf16): use --wire-dtype bf16, or on a CPU ECHO2_CPU_BF16=0"
         )
     return wire
 

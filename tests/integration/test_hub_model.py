@@ -66,7 +66,7 @@ def test_a_learner_trains_and_resumes_from_a_sharded_hub_model_offline(hf_home, 
     published = load_file(str(VersionKey(0).path(out / "versions")))
     original = load_file(str(prepare_default_model() / "model.safetensors"))
     assert published.keys() == original.keys()
-    wire = WIRE_DTYPES[config["wire_dtype"]]  # --wire-dtype auto, resolved: fp16 on a CPU without bf16
+    wire = WIRE_DTYPES[config["wire_dtype"]]  # the run's --wire-dtype
     for name, tensor in original.items():
         assert torch.equal(published[name], tensor.to(wire)), name
 
