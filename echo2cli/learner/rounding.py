@@ -32,7 +32,7 @@ the same step reaches the published policy with an eighth of the variance. Its r
 3e-8). The version's dtype is the learner's `--wire-dtype` (bf16 by default), which every function here takes:
 fp16 only where the learner computes in fp32, since bf16 compute (autocast, FSDP2's bf16 layers) would round the
 layers' weights to bf16 again; the workers' engines then compute in fp16 on CUDA and in fp32 on a CPU
-(`hardware.engine_dtype`). On the default task, five seeds could not tell fp16 from bf16 in held-out accuracy
+(`hardware.engine_dtype`). On the default task, six seeds could not tell fp16 from bf16 in held-out accuracy
 (docs/BENCHMARKS.md, "fp16 versions against bf16"), so bf16 stays the default.
 """
 
