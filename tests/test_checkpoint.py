@@ -279,18 +279,33 @@ def test_a_sharded_checkpoint_given_to_a_one_process_learner_says_to_use_ranks(t
         make_trainer(tiny_model_dir).load_checkpoint(tmp_path)
 
 
-def test_publish_returns_the_time_it_waited_for_the_version_still_in_flight(tiny_model_dir, tmp_path):  # noqa: F811
-    """`learner/t_publish_wait_s`: the training path's time lost to a publisher slower than a step."""
+def test_publish_returns_the_time_it_waited_for_the_version_still_in_flight(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    """`learner/t_publish_wait_s`: the training path's time lost to a publisher slower than a step. The publisher's
+    clock is the test's: version 0's seed returns only once publish(1) waits for it, and moves the clock 5 s on
+    first, so the wait is 5 s however busy the machine is."""
     import threading
+    import time
 
-    from echo2cli.learner.publisher import Publisher
+    from echo2cli.learner import publisher as publishing
 
+    clock = [0.0]
+    monkeypatch.setattr(publishing, "time", SimpleNamespace(perf_counter=lambda: clock[0], time=time.time))
     released = threading.Event()
     node = SimpleNamespace(seed=lambda key, data, root: released.wait(), remove=lambda *a, **k: None)
-    coord = SimpleNamespace(publish=lambda info: None, versions_in_download=set)
-    publisher = Publisher(make_trainer(tiny_model_dir), node, coord, tmp_path / "versions", "http://t/announce", keep=5)
+    announced: list[int] = []
+    coord = SimpleNamespace(publish=lambda info: announced.append(info.version), versions_in_download=set)
+    trainer = make_trainer(tiny_model_dir)
+    publisher = publishing.Publisher(trainer, node, coord, tmp_path / "versions", "http://t/announce", keep=5)
     first = publisher.publish(0)  # nothing in flight: no wait
-    threading.Timer(0.3, released.set).start()  # version 0's seed returns 0.3 s from now
+    wait = publisher.wait
+
+    def release_then_wait() -> None:  # publish(1) has read its start time: 5 s pass, then version 0 is seeded
+        clock[0] += 5.0
+        released.set()
+        wait()
+
+    publisher.wait = release_then_wait
     second = publisher.publish(1)
-    assert second >= 0.3 > first  # by construction: the release comes 0.3 s after the first publish returned
+    assert (first, second) == (0.0, 5.0)
+    assert announced[:1] == [0]  # publish(1) returned only once version 0 was announced
     publisher.close()
