@@ -19,6 +19,12 @@ side is its GRPOTrainer as a user runs it on a CPU box: one process, generation 
     .venv/bin/pip install -e '.[bench]'         # TRL (not needed by echo2 itself)
     .venv/bin/python scripts/bench_vs_trl.py --trl-lrs 3e-6,1e-5,3e-5 --seeds 0,1 --out runs/vs-trl
 
+`--echo2-runs OUT2` adds the runs of an `echo2 bench staleness` OUT as echo2 sides (the same prompts, batch and
+evaluation; S = 0 with one worker is echo2 run synchronously, as TRL is):
+
+    .venv/bin/echo2 bench staleness --staleness 0 --lr 1e-5 --eval-limit 200 --eval-every 4 --out runs/sync
+    .venv/bin/python scripts/bench_vs_trl.py --skip-echo2 --trl-lrs 1e-5 --echo2-runs runs/sync --out runs/vs-trl
+
 Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones, so more seeds or rates can be added
 to the same OUT later); the tables are printed and OUT/vs_trl.png drawn at the end.
 """
@@ -215,6 +221,14 @@ def main() -> None:
         "sampled and scored on its fp32 weights rounded, stepped on the fp32 master",
     )
     p.add_argument("--skip-echo2", action="store_true")
+    p.add_argument(
+        "--echo2-runs",
+        type=Path,
+        action="append",
+        default=[],
+        help="also report the runs of this `echo2 bench staleness` OUT as echo2 sides (e.g. S = 0 and one worker, "
+        "synchronous as TRL is), each named by its staleness and wire dtype; repeatable",
+    )
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rows_path = a.out / "rows.jsonl"
@@ -243,17 +257,34 @@ def main() -> None:
         with open(rows_path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{name}: {row['wall_s']:.0f} s, held-out greedy {row['greedy_accuracy']:.3f}", flush=True)
-    report(rows_path)
-    plot([json.loads(line) for line in rows_path.read_text().splitlines()], a.out / "vs_trl.png")
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    rows += [r for out in a.echo2_runs for r in staleness_rows(out)]
+    report(rows)
+    plot(rows, a.out / "vs_trl.png")
     print(f"plot: {a.out / 'vs_trl.png'}")
 
 
-def report(rows_path: Path) -> None:
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+def staleness_rows(out: Path) -> list[dict[str, Any]]:
+    """echo2's side from the runs of an `echo2 bench staleness` OUT, in this script's row form: the side named
+    by the run's staleness and wire dtype, the learning rate from its config.json, the wall time from the
+    learner's start to its last step (as the demo's summary counts it), the curve as scored after the run."""
+    rows = []
+    for r in map(json.loads, (out / "rows.jsonl").read_text().splitlines()):
+        cfg = json.loads((out / r["name"] / "config.json").read_text())
+        side = f"echo2 S={cfg['staleness']} {cfg['wire_dtype']}"
+        rows.append(
+            {"name": f"{side} {r['name']}", "side": side, "lr": cfg["lr"], "seed": r["seed"], "steps": r["steps"]}
+            | {"wall_s": r["train_s"], "reward": r["reward"], "time_s": r["time_s"], "eval_curve": r["eval_curve"]}
+            | {"greedy_accuracy": r["eval_greedy_accuracy"], "pass_at_k": r["eval_pass_at_k"]}
+        )
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> None:
     keyed: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault((r["side"], r["lr"]), []).append(r)
-    echo2 = [r["wall_s"] for r in rows if r["side"] == "echo2"]
+    echo2 = [r["wall_s"] for r in rows if r["side"] == "echo2"]  # the demo's
     head = "side | lr | seeds | wall s | s/step | reward first 3 -> last 3 | held-out greedy | pass@k | wall / echo2"
     print(f"| {head} |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -282,12 +313,13 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
     )
     print("|---|---|---|---|---|---|")
     for (side, echo2_lr), echo2 in sorted(keyed.items()):
-        if side != "echo2":
+        if not side.startswith("echo2"):
             continue
         for (other, trl_lr), runs in sorted(keyed.items()):
             if other.startswith("trl"):
                 label = f"{trl_lr:g}" + (" (bf16 policy)" if other == "trl-bf16" else "")
-                print(f"| {echo2_lr:g} | {label} | {paired_cells(echo2, runs)} |")
+                echo2_label = f"{echo2_lr:g}" + side.removeprefix("echo2").replace(" ", ", ")
+                print(f"| {echo2_label} | {label} | {paired_cells(echo2, runs)} |")
 
 
 def paired_cells(echo2: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:
@@ -327,12 +359,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         label = f"{side} lr {lr:g} ({len(runs)} seeds)"
         n = min(len(r["reward"]) for r in runs)
         # echo2 records each step's wall time; TRL each step's duration from the start of train()
-        times = [r["time_s"] if side == "echo2" else np.cumsum(r["step_s"]) for r in runs]
+        times = [r["time_s"] if side.startswith("echo2") else np.cumsum(r["step_s"]) for r in runs]
         time_s = np.array([t[:n] for t in times]).mean(axis=0)
         reward = np.array([r["reward"][:n] for r in runs])
         (line,) = reward_ax.plot(time_s, reward.mean(axis=0), label=label)
         reward_ax.fill_between(time_s, reward.min(axis=0), reward.max(axis=0), color=line.get_color(), alpha=0.2)
-        if side == "echo2":
+        if side.startswith("echo2"):
             points = min(len(r["eval_curve"]) for r in runs)
             acc = np.array([[c["greedy_accuracy"] for c in r["eval_curve"][:points]] for r in runs])
             at = np.array([[c["time_s"] for c in r["eval_curve"][:points]] for r in runs]).mean(axis=0)

@@ -69,15 +69,19 @@ def test_time_to_is_the_first_point_at_or_above_the_target():
     assert time_to(curve, 0.7) is None and time_to([], 0.1) is None
 
 
-def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, capsys):
+def load_bench_vs_trl():
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).parent.parent / "scripts" / "bench_vs_trl.py"
     spec = importlib.util.spec_from_file_location("bench_vs_trl", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, capsys):
+    bench = load_bench_vs_trl()
     rows = []
     runs = [  # echo2's accuracy, wall, curve of (time, accuracy); TRL's accuracy, wall
         (0.6, 200, [(60, 0.40), (100, 0.50), (200, 0.60)], 0.45, 400),  # TRL's 0.45 reached at 100 s: 0.25
@@ -98,8 +102,7 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     rows.append({**rows[-1], "name": "t9", "seed": 9})  # no echo2 run with seed 9: left out of the pairs
     rows.append({**rows[0], "name": "e0-lr2e-5", "lr": 2e-5, "greedy_accuracy": 0.5})  # a second echo2 rate, one seed
     rows.append({**rows[1], "name": "tb0", "side": "trl-bf16", "greedy_accuracy": 0.4})  # TRL with echo2's numerics
-    (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    bench.report(tmp_path / "rows.jsonl")
+    bench.report(rows)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("| 5e-05 | 1e-05 (bf16 policy) | +0.200 (n=1) |")  # a row of its own, named
     assert lines[-4].startswith("| 2e-05 | 1e-05 | +0.050 (n=1) |")  # each echo2 rate has its row
@@ -113,16 +116,47 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     assert (tmp_path / "vs_trl.png").stat().st_size > 0
 
 
-def test_trl_with_echo2s_numerics_samples_rounded_weights_and_steps_the_fp32_master():
-    import importlib.util
-    from pathlib import Path
+def test_staleness_runs_join_the_trl_comparison_as_echo2_sides_named_by_s_and_dtype(tmp_path, capsys):
+    import json
 
+    bench = load_bench_vs_trl()
+    with open(tmp_path / "rows.jsonl", "w") as rows:
+        for seed, acc in enumerate([0.80, 0.70]):
+            name = f"S0-token_tis-seed{seed}"
+            (tmp_path / name).mkdir()
+            config = {"staleness": 0, "wire_dtype": "fp16", "lr": 1e-5, "seed": seed}
+            (tmp_path / name / "config.json").write_text(json.dumps(config))
+            curve = [{"version": 10, "greedy_accuracy": acc - 0.1, "time_s": 100.0}]
+            curve += [{"version": 20, "greedy_accuracy": acc, "time_s": 200.0}]
+            row = {
+                "name": name,
+                "seed": seed,
+                "steps": 20,
+                "reward": [0.5] * 20,
+                "time_s": [10.0 * i for i in range(20)],
+            }
+            row |= {"train_s": 200.0, "wall_s": 215.0, "eval_curve": curve}
+            rows.write(json.dumps(row | {"eval_greedy_accuracy": acc, "eval_pass_at_k": acc}) + "\n")
+    echo2 = bench.staleness_rows(tmp_path)
+    assert [r["side"] for r in echo2] == ["echo2 S=0 fp16"] * 2 and echo2[0]["lr"] == 1e-5
+    assert echo2[0]["wall_s"] == 200.0  # learner start to its last step, as the demo counts it
+    trl = [
+        {"name": f"t{seed}", "side": "trl", "lr": 1e-5, "seed": seed, "steps": 20, "wall_s": 400.0}
+        | {"greedy_accuracy": 0.75, "pass_at_k": 0.8, "reward": [0.5] * 20, "step_s": [20.0] * 20}
+        for seed in (0, 1)
+    ]
+    bench.report(echo2 + trl)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    cells = [c.strip() for c in last.strip("|").split("|")]
+    assert cells[:2] == ["1e-05, S=0, fp16", "1e-05"]
+    assert cells[2].startswith("+0.000 [") and cells[4] == "1/2"  # +0.05 and -0.05; seed 1 never reached 0.75
+    assert cells[5] == "0.500 (n=1)"  # seed 0 reached it at its last version, 200 s of TRL's 400
+
+
+def test_trl_with_echo2s_numerics_samples_rounded_weights_and_steps_the_fp32_master():
     import torch
 
-    path = Path(__file__).parent.parent / "scripts" / "bench_vs_trl.py"
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_vs_trl()
     model = torch.nn.Linear(4, 4)
     master = model.weight.data.clone()
     callback = bench.rounded_policy()
