@@ -230,6 +230,9 @@ def main() -> None:
         "synchronous as TRL is), each named by its staleness and wire dtype; repeatable",
     )
     a = p.parse_args()
+    for out in a.echo2_runs:
+        if not (out / "rows.jsonl").is_file():
+            p.error(f"--echo2-runs {out}: no rows.jsonl there; give the OUT of an `echo2 bench staleness` run")
     a.out.mkdir(parents=True, exist_ok=True)
     rows_path = a.out / "rows.jsonl"
     done = {r["name"] for r in map(json.loads, rows_path.read_text().splitlines())} if rows_path.exists() else set()

@@ -156,6 +156,20 @@ def test_staleness_runs_join_the_trl_comparison_as_echo2_sides_named_by_s_and_dt
     assert cells[5] == "0.500 (n=1)"  # seed 0 reached it at its last version, 200 s of TRL's 400
 
 
+def test_echo2_runs_without_rows_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import pytest
+
+    bench = load_bench_vs_trl()
+    argv = ["bench_vs_trl.py", "--echo2-runs", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        bench.main()
+    assert stop.value.code == 2 and not (tmp_path / "out").exists()
+    assert "--echo2-runs" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_trl_with_echo2s_numerics_samples_rounded_weights_and_steps_the_fp32_master():
     import torch
 
