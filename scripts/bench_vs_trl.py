@@ -43,6 +43,7 @@ from typing import Any
 
 from echo2cli.bench.staleness import prune
 from echo2cli.config import DemoConfig
+from echo2cli.metrics import read_metrics
 
 B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
 
@@ -273,7 +274,7 @@ def staleness_rows(out: Path) -> list[dict[str, Any]]:
     learner's start to its last step (as the demo's summary counts it), the curve as scored after the run, ending
     with the final version (the bench's curve has it only where `--eval-every` divides the steps)."""
     rows = []
-    for r in map(json.loads, (out / "rows.jsonl").read_text().splitlines()):
+    for r in read_metrics(out / "rows.jsonl"):
         cfg = json.loads((out / r["name"] / "config.json").read_text())
         side = f"echo2 S={cfg['staleness']} {cfg['wire_dtype']}"
         curve = [c for c in r["eval_curve"] if c["version"] < r["steps"]]  # the final version, once, last:
