@@ -511,7 +511,7 @@ def bench_staleness(
     table = Table(title=_staleness_title(cfg, base))
     acc = "greedy acc" + (", training mix" if cfg.score_mix == "train" else "")
     acc += f", mean of last {cfg.score_versions} versions" if cfg.score_versions > 1 else ""
-    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [95% CI]"]
+    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [bootstrap 95%] t [95%]"]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
     columns += ["below base (flagged >= 2 ahead)", "ended below base (flagged >= 2 ahead)"]
     for col in columns:
@@ -525,7 +525,7 @@ def bench_staleness(
             str(r["lora_rank"] or "-"),
             str(r["seeds"]),
             f"{r['greedy_accuracy']:.3f} ({r['greedy_accuracy_min']:.2f}-{r['greedy_accuracy_max']:.2f})",
-            "-" if r["acc_vs_sync"] is None else describe(r["acc_vs_sync"]),
+            "-" if r["acc_vs_sync"] is None else describe(r["acc_vs_sync"], t=True),
             f"{r['pass_at_k']:.3f}",
             f"{r['steady_s']:.0f}",
             speed,
