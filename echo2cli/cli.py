@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from echo2cli.cli_options import options_from
@@ -57,6 +58,15 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
+
+
+def _table_console() -> Console:
+    """Where a result table goes: the terminal at its width, or a file or pipe wide enough for any table's own width,
+    so that a table redirected to a log keeps its columns instead of rich's 80 (which cut a sweep's numbers to
+    '0.…')."""
+    out = Console()
+    return out if out.is_terminal else Console(width=400)
+
 
 ConfigOpt = typer.Option(
     None,
@@ -317,7 +327,7 @@ def plan_cmd(
 
 def _render_plan(out: dict[str, Any], pool: list) -> None:
     inp = out["inputs"]
-    con = Console()
+    con = _table_console()
     con.print(
         f"B = {inp['batch']:g} rollouts/step, T_train = {inp['t_train_s']:.2f} s, T_bcast = "
         f"{inp['t_bcast_s']:.2f} s, S = {inp['staleness']}, kappa = {inp['kappa']}, gamma = {inp['gamma']:g}"
@@ -473,7 +483,7 @@ def bench_broadcast(
             str(r.behind),
             f"{r.web_seed_over_size:.2f} ({r.web_seed_workers} used it)" if r.method == "swarm" else "",
         )
-    Console().print(table)
+    _table_console().print(table)
 
 
 @bench_app.command("staleness", epilog=ENV_NOTE)
@@ -487,7 +497,6 @@ def bench_staleness(
     """Real runs (learner + workers, then `echo2 eval`) for each staleness bound S, correction and seed: reward
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
-    from echo2cli.bench.paired import describe
     from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, score_key, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
@@ -508,10 +517,26 @@ def bench_staleness(
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return
+    _table_console().print(_staleness_table(cfg, base, table_rows))
+
+
+def _staleness_table(cfg: BenchStalenessConfig, base: float, table_rows: list[dict[str, Any]]) -> Table:
+    """The staleness sweep's table: one row per setting of `summary`, the paired difference to S = 0 with its
+    bootstrap and t intervals."""
+    from echo2cli.bench.paired import describe
+
     table = Table(title=_staleness_title(cfg, base))
     acc = "greedy acc" + (", training mix" if cfg.score_mix == "train" else "")
     acc += f", mean of last {cfg.score_versions} versions" if cfg.score_versions > 1 else ""
-    columns = ["S", "correction", "adaptive", "LoRA r", "seeds", f"{acc} (range)", "acc - S=0 [bootstrap 95%] t [95%]"]
+    columns = [
+        "S",
+        "correction",
+        "adaptive",
+        "LoRA r",
+        "seeds",
+        f"{acc} (range)",
+        escape("acc - S=0 [bootstrap 95%] t [95%]"),
+    ]
     columns += ["pass@k", "steps 2..N s", "vs S=0", f"s to S=0@v{cfg.target_version} (vs S=0)", "guard flagged"]
     columns += ["below base (flagged >= 2 ahead)", "ended below base (flagged >= 2 ahead)"]
     for col in columns:
@@ -534,7 +559,7 @@ def bench_staleness(
             f"{r['below_base_runs']}/{r['seeds']} ({r['flagged_2_ahead']})",
             f"{r['ended_below_base_runs']}/{r['seeds']} ({r['lasting_flagged_2_ahead']})",
         )
-    Console().print(table)
+    return table
 
 
 def _staleness_title(cfg: BenchStalenessConfig, base: float) -> str:

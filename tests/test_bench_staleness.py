@@ -366,3 +366,29 @@ def test_a_greedy_only_evaluation_of_the_last_version_is_the_final_one(
         assert measures["greedy_accuracy"] == 0.2 and [c["version"] for c in measures["curve"]] == [10, 20]
     else:
         assert measures["greedy_accuracy"] == 0.5
+
+
+def test_a_sweeps_table_redirected_to_a_file_keeps_its_columns(tmp_path, monkeypatch):
+    """A finished OUT reprints its tables (nothing runs); a pipe, as in `echo2 bench staleness ... > log`, gets
+    the whole table with the paired difference and both intervals, not rich's 80 columns cut to '0.…'."""
+    from typer.testing import CliRunner
+
+    from echo2cli.bench import staleness
+    from echo2cli.cli import app
+
+    rows = [row(0, seed, acc, 100) for seed, acc in enumerate([0.30, 0.50, 0.40])]
+    rows += [row(2, seed, acc, 50) for seed, acc in enumerate([0.35, 0.56, 0.44])]
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps(r | {"name": f"S{r['staleness']}-token_tis-seed{r['seed']}"}) + "\n" for r in rows)
+    )
+    (tmp_path / "base.json").write_text(json.dumps({"greedy_accuracy": 0.2}))
+    monkeypatch.setattr(staleness, "prepare_default_model", lambda: None)
+    result = CliRunner().invoke(
+        app, ["bench", "staleness", "--staleness", "0,2", "--seeds", "3", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "acc - S=0 [bootstrap 95%] t [95%]" in result.output and "…" not in result.output
+    d = summary(rows)[1]["acc_vs_sync"]
+    assert (
+        f"+0.050 [{d['low']:+.3f}, {d['high']:+.3f}] t [{d['t_low']:+.3f}, {d['t_high']:+.3f}] (n=3)" in result.output
+    )
