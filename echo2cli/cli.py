@@ -491,13 +491,15 @@ def bench_broadcast(
 def bench_staleness(
     given: dict[str, Any],
     config: Path | None = ConfigOpt,
-    plot: Path | None = typer.Option(None, help="write a PNG of reward vs step, generating version and wall time"),
+    plot: Path | None = typer.Option(
+        None, help="write a PNG of reward vs step, generating version and wall time, and held-out accuracy vs wall time"
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Real runs (learner + workers, then `echo2 eval`) for each staleness bound S, correction and seed: reward
     curves, held-out accuracy, off-policy health and wall time against S = 0. Rows go to OUT/rows.jsonl as
     they finish; run again with the same OUT to resume where it stopped."""
-    from echo2cli.bench.staleness import base_accuracy, guard_flags, run_bench, score_key, summary
+    from echo2cli.bench.staleness import base_accuracy, base_eval, guard_flags, run_bench, score_key, summary
     from echo2cli.bench.staleness import plot as plot_rows
 
     def progress(r: dict[str, Any]) -> None:
@@ -510,10 +512,10 @@ def bench_staleness(
 
     cfg = load_config(BenchStalenessConfig, config, given, "bench")
     rows = run_bench(cfg, on_row=progress, on_start=lambda line: console.print(line, soft_wrap=True, highlight=False))
+    base, key = base_accuracy(cfg), score_key(cfg.score_mix)
     if plot is not None:
-        plot_rows(rows, plot)
-    base = base_accuracy(cfg)
-    table_rows = summary(rows, cfg.target_version, base, cfg.score_versions, score_key(cfg.score_mix))
+        plot_rows(rows, plot, key, base_eval(cfg).get(key))
+    table_rows = summary(rows, cfg.target_version, base, cfg.score_versions, key)
     if as_json:
         print(json.dumps({"settings": table_rows, "runs": rows, "base_greedy_accuracy": base}))
         return

@@ -225,20 +225,31 @@ def test_a_runs_curve_gets_each_versions_time_from_the_step_that_trained_it(tmp_
     assert r["eval_greedy_accuracy"] == 0.5 and "eval_curve" in r and "eval_curve" not in evaluation
 
 
-def test_the_plot_adds_the_accuracy_panel_only_where_runs_have_curves(tmp_path):
-    from echo2cli.bench.staleness import plot
+def test_a_runs_accuracy_over_time_is_its_curve_then_its_final_checkpoint_at_the_last_step():
+    from echo2cli.bench.staleness import TRAIN_MIX, accuracy_over_time
+
+    r = row(2, 0, 0.5, 100) | {"eval_curve": curve([(2, 20, 0.4), (4, 40, 0.45)])}
+    assert accuracy_over_time(r) == [(20, 0.4), (120, 0.5)]  # version 4 is the final checkpoint, at train_s
+    final_only = row(2, 0, 0.5, 100) | {f"eval_{TRAIN_MIX}": 0.6}
+    assert accuracy_over_time(final_only, TRAIN_MIX) == [(120, 0.6)]
+
+
+def test_the_plot_draws_held_out_accuracy_with_curves_and_with_final_scores_only(tmp_path):
+    from echo2cli.bench.staleness import TRAIN_MIX, plot
 
     rows = [
         row(s, seed, 0.5, 100)
         | {"name": f"S{s}-token_tis-seed{seed}", "time_s": [10, 20, 30, 40], "staleness_mean": [0, 0, 1, 1]}
-        | {"eval_curve": curve([(2, 20 + seed, 0.4), (4, 40 + seed, 0.5)])}
+        | {"eval_curve": curve([(2, 20 + seed, 0.4), (4, 40 + seed, 0.5)]), f"eval_{TRAIN_MIX}": 0.6 + seed / 10}
         for s in (0, 2)
         for seed in (0, 1)
     ]
-    plot(rows, tmp_path / "with.png")
-    plot([r | {"eval_curve": []} for r in rows], tmp_path / "without.png")
-    widths = [int.from_bytes((tmp_path / f).read_bytes()[16:20], "big") for f in ("with.png", "without.png")]
-    assert widths[0] > widths[1]  # four panels, then three (the PNG header's width)
+    plot(rows, tmp_path / "curves.png")
+    plot([r | {"eval_curve": []} for r in rows], tmp_path / "finals.png", TRAIN_MIX, base=0.3)
+    plot(rows[:1], tmp_path / "one.png")
+    pngs = ("curves.png", "finals.png", "one.png")
+    widths = {int.from_bytes((tmp_path / f).read_bytes()[16:20], "big") for f in pngs}
+    assert len(widths) == 1  # four panels each (the PNG header's width)
 
 
 def test_collapse_finds_the_first_version_below_base_and_the_guards_lead_on_it():

@@ -487,32 +487,33 @@ def _by_seed(runs: list[dict[str, Any]], score_versions: int, key: str) -> dict[
     return {r["seed"]: run_score(r, score_versions, key) for r in runs}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, key: str = "greedy_accuracy", base: float | None = None) -> None:
     """Reward against step, against the version that generated the batch (step - mean staleness: a batch
-    trained at step t shows the policy of t - lag) and against wall time, and (with curves, `--eval-every`)
-    held-out greedy accuracy against wall time; one line per setting (mean of seeds), seeds as a band."""
+    trained at step t shows the policy of t - lag) and against wall time, and held-out greedy accuracy `key`
+    against wall time (each evaluated version; the base model's `base` as a dashed line); one line per setting
+    (mean of seeds), seeds as a band, each seed's final score as a dot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = any(r.get("eval_curve") for r in rows)
-    fig, axes = plt.subplots(1, 4 if curves else 3, figsize=(22 if curves else 17, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
     keyed: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         keyed.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(r)
     for label, runs in sorted(keyed.items()):
         color = _reward_panels(axes[:3], runs, label)
-        if curves:
-            _accuracy_panel(axes[3], runs, color)
+        _accuracy_panel(axes[3], runs, color, key, base)
+    if base is not None:
+        axes[3].axhline(base, color="grey", linestyle="--", label=f"base model {base:.3f}")
+        axes[3].legend(fontsize=8)
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("version that generated the batch")
     for ax in axes[:3]:
         ax.set_ylabel("sampled reward (batch mean)")
     for ax in axes[2:]:
         ax.set_xlabel("wall time, s")
-    if curves:
-        axes[3].set_ylabel("held-out greedy accuracy")
+    axes[3].set_ylabel("held-out greedy accuracy" + (", training mix" if key == TRAIN_MIX else ""))
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[2].legend(fontsize=8)
@@ -538,18 +539,30 @@ def _reward_panels(axes: Any, runs: list[dict[str, Any]], label: str) -> Any:
     return color
 
 
-def _accuracy_panel(ax: Any, runs: list[dict[str, Any]], color: Any) -> None:
-    """One setting's held-out accuracy at each evaluated version against the mean wall time it was trained at."""
+def accuracy_over_time(row: dict[str, Any], key: str = "greedy_accuracy") -> list[tuple[float, float]]:
+    """A run's (wall seconds, held-out greedy accuracy `key`) at each evaluated version: a curve point at the
+    time its version was trained, the final checkpoint's at the last step's."""
+    times = {c["version"]: c["time_s"] for c in row.get("eval_curve") or []} | {row["steps"]: row["train_s"]}
+    return [(times[version], acc) for version, acc in evaluated(row, key)]
+
+
+def _accuracy_panel(ax: Any, runs: list[dict[str, Any]], color: Any, key: str, base: float | None) -> None:
+    """One setting's held-out accuracy at each evaluated version against the mean wall time it was trained at,
+    as a line from the base model's at 0 s (the seeds' range as a band), or where only the final checkpoint was
+    scored its mean with the range as a bar; each seed's final score as a dot at its own wall time."""
     import numpy as np
 
-    n = min(len(r.get("eval_curve") or []) for r in runs)
-    if n == 0:
-        return
-    acc = np.array([[c["greedy_accuracy"] for c in r["eval_curve"][:n]] for r in runs])
-    time_s = np.array([[c["time_s"] for c in r["eval_curve"][:n]] for r in runs]).mean(axis=0)
-    ax.plot(time_s, acc.mean(axis=0), marker="o", color=color)
-    if len(runs) > 1:
-        ax.fill_between(time_s, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
+    points = [accuracy_over_time(r, key) for r in runs]
+    n = min(len(p) for p in points)
+    time_s = np.array([[t for t, _ in p[:n]] for p in points])
+    acc = np.array([[a for _, a in p[:n]] for p in points])
+    start = ([0.0], [base]) if base is not None and n > 1 else ([], [])
+    ax.plot([*start[0], *time_s.mean(axis=0)], [*start[1], *acc.mean(axis=0)], marker="o", color=color)
+    ax.scatter(time_s[:, -1], acc[:, -1], color=color, s=12, alpha=0.5)
+    if len(runs) > 1 and n > 1:
+        ax.fill_between(time_s.mean(axis=0), acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
+    elif len(runs) > 1:
+        ax.vlines(time_s[:, -1].mean(), acc[:, -1].min(), acc[:, -1].max(), color=color, alpha=0.5)
 
 
 def guard_flags(row: dict[str, Any]) -> list[int]:
