@@ -556,13 +556,14 @@ def _accuracy_panel(ax: Any, runs: list[dict[str, Any]], color: Any, key: str, b
     n = min(len(p) for p in points)
     time_s = np.array([[t for t, _ in p[:n]] for p in points])
     acc = np.array([[a for _, a in p[:n]] for p in points])
+    mean_s = time_s.mean(axis=0)
     start = ([0.0], [base]) if base is not None and n > 1 else ([], [])
-    ax.plot([*start[0], *time_s.mean(axis=0)], [*start[1], *acc.mean(axis=0)], marker="o", color=color)
+    ax.plot([*start[0], *mean_s], [*start[1], *acc.mean(axis=0)], marker="o", color=color)
     ax.scatter(time_s[:, -1], acc[:, -1], color=color, s=12, alpha=0.5)
     if len(runs) > 1 and n > 1:
-        ax.fill_between(time_s.mean(axis=0), acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
+        ax.fill_between(mean_s, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.2)
     elif len(runs) > 1:
-        ax.vlines(time_s[:, -1].mean(), acc[:, -1].min(), acc[:, -1].max(), color=color, alpha=0.5)
+        ax.vlines(mean_s[-1], acc[:, -1].min(), acc[:, -1].max(), color=color, alpha=0.5)
 
 
 def guard_flags(row: dict[str, Any]) -> list[int]:
