@@ -153,7 +153,12 @@ def closed_on_success(trainer: Trainer) -> Iterator[Trainer]:
 
 
 def init_process_group() -> torch.device:
-    """NCCL on CUDA (one GPU per local rank), gloo on CPU; returns this rank's device."""
+    """NCCL on CUDA (one GPU per local rank), gloo on CPU; returns this rank's device. A rank killed by a fatal
+    signal (glibc's SIGABRT on a corrupt heap, a SIGSEGV in a backend) first prints each thread's Python stack to
+    its stderr, which torchrun passes on: where it was is all a one-off crash in CI leaves behind."""
+    import faulthandler
+
+    faulthandler.enable(all_threads=True)
     die_with_parent()
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

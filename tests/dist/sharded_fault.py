@@ -1,9 +1,10 @@
 """Run under torchrun: a rank that fails inside a step, or a rank 0 that waits a long time for nothing, with the
 sharded trainer on sharded_step.py's batches. Used by tests/integration/test_sharded_failure.py.
 
-    sharded_fault.py MODEL_DIR OUT --fail-rank R --fail-in {forward,clip}
+    sharded_fault.py MODEL_DIR OUT --fail-rank R --fail-in {forward,clip,abort}
         rank R raises inside the step: in the forward of the second decoder layer (the others go on to the
-        backward's all-gathers), or where the gradient norm is all-reduced (the others wait in that all-reduce)
+        backward's all-gathers), or where the gradient norm is all-reduced (the others wait in that all-reduce);
+        or, with abort, dies of SIGABRT in that forward (as glibc ends a process whose heap it finds corrupt)
     sharded_fault.py MODEL_DIR OUT --idle-s S [--no-keepalive]
         rank 0 steps, waits S seconds polling as the learner's wait loop does (`keep_alive` every 0.2 s, or not at
         all), steps again and finishes; OUT/metrics.json holds both steps' losses
@@ -34,9 +35,11 @@ WAIT_TICK_S = 0.2  # as the learner's loop.WAIT_TICK_S
 def inject_failure(trainer: ShardedTrainer, out: Path, where: str) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         (out / "failed_at").write_text(repr(time.time()))
+        if where == "abort":
+            os.abort()
         raise RuntimeError(f"injected failure on rank {trainer.rank} ({where})")
 
-    if where == "forward":
+    if where in ("forward", "abort"):
         trainer.policy.model.get_decoder().layers[1].forward = fail
     else:
         trainer._clip_grad_norm = fail
@@ -76,7 +79,7 @@ if __name__ == "__main__":
     p.add_argument("model", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--fail-rank", type=int, default=-1)
-    p.add_argument("--fail-in", choices=("forward", "clip"), default="forward")
+    p.add_argument("--fail-in", choices=("forward", "clip", "abort"), default="forward")
     p.add_argument("--idle-s", type=float, default=0.0)
     p.add_argument("--no-keepalive", action="store_true")
     args = p.parse_args()

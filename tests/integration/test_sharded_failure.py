@@ -1,6 +1,7 @@
 """How the ranks of a sharded learner end (FSDP2 under torchrun, gloo on CPU, tests/dist/sharded_fault.py on a tiny
-Llama): when one fails inside a step, all of them end within a minute; an idle rank 0 keeps the others past the
-process-group timeout. Four torchrun jobs of 2 ranks: about 2.5 minutes on 2 busy cores.
+Llama): when one fails inside a step, or dies of SIGABRT there (printing its Python stack first), all of them end
+within a minute; an idle rank 0 keeps the others past the process-group timeout. Five torchrun jobs of 2 ranks:
+about 3 minutes on 2 busy cores.
 """
 
 import json
@@ -77,7 +78,7 @@ def exit_times(pids: dict[int, int], since: float, deadline_s: float) -> dict[in
     return exited
 
 
-@pytest.mark.parametrize(("rank", "where"), [(0, "forward"), (1, "clip")])
+@pytest.mark.parametrize(("rank", "where"), [(0, "forward"), (1, "clip"), (1, "abort")])
 def test_when_a_rank_fails_inside_a_step_every_rank_exits_within_a_minute(tiny_model_dir, tmp_path, rank, where):  # noqa: F811
     out = tmp_path / "run"
     proc = start(tiny_model_dir, out, f"--fail-rank={rank}", f"--fail-in={where}")
@@ -95,7 +96,11 @@ def test_when_a_rank_fails_inside_a_step_every_rank_exits_within_a_minute(tiny_m
     finally:
         kill(proc)
     assert proc.returncode != 0
-    assert "injected failure" in (out / f"rank{rank}.error").read_text()
+    if where == "abort":  # no exception to write: the rank's stack is in the log (`init_process_group`)
+        log = (out / "log.txt").read_text()
+        assert "Fatal Python error: Aborted" in log and " in fail\n" in log, log_tail(out)
+    else:
+        assert "injected failure" in (out / f"rank{rank}.error").read_text()
     print(f"rank {rank} failed in the {where}: ranks exited after {exited} s")
 
 
