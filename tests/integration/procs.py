@@ -28,7 +28,7 @@ def wait_listening(learner: subprocess.Popen, out: Path, timeout_s: float = 300)
     try:
         wait_for_learner(learner, out, out / "learner.log", timeout_s)
     except Echo2Error as exc:
-        raise AssertionError(f"{exc}\n{(out / 'learner.log').read_text()[-3000:]}") from None
+        raise AssertionError(f"{exc}\n{log_tail(out / 'learner.log')}") from None
 
 
 def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path) -> None:
@@ -41,7 +41,7 @@ def finish(learner: subprocess.Popen, workers: list[subprocess.Popen], out: Path
         for p in [learner, *workers]:
             if p.poll() is None:
                 kill_group(p)
-    assert learner.returncode == 0, (out / "learner.log").read_text()[-3000:]
+    assert learner.returncode == 0, log_tail(out / "learner.log")
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -77,8 +77,16 @@ def wait_for(
         time.sleep(poll_s)
 
 
+FATAL = "Fatal Python error"  # how faulthandler begins the stacks of a process killed by a fatal signal
+
+
 def log_tail(log: Path, chars: int = 3000) -> str:
+    """The end of a log, for an assertion message; if a process died of a fatal signal before that end (a rank of a
+    sharded learner prints its threads' stacks then, `sharded.init_process_group`), those stacks first."""
     try:
-        return log.read_text(errors="replace")[-chars:]
+        text = log.read_text(errors="replace")
     except OSError as exc:
         return f"(unreadable: {exc})"
+    fatal = text.find(FATAL)
+    stacks = text[fatal : fatal + 6000] + "\n[...]\n" if 0 <= fatal < len(text) - chars else ""
+    return stacks + text[-chars:]

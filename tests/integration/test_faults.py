@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procs import kill_group, spawn, wait_listening
+from procs import kill_group, log_tail, spawn, wait_listening
 
 from echo2cli.bench.netem import namespaces_available
 from echo2cli.demo import free_port
@@ -124,7 +124,7 @@ class Learner:
     def stop(self) -> dict:
         """SIGTERM: the learner finishes its step, checkpoints and exits 0."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=300) == 0, (self.out / "learner.log").read_text()[-3000:]
+        assert self.proc.wait(timeout=300) == 0, log_tail(self.out / "learner.log")
         return json.loads((self.out / "summary.json").read_text())
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 from hub_cache import add_to_hub_cache, offline_env
-from procs import finish, kill_group, spawn, wait_listening
+from procs import finish, kill_group, log_tail, spawn, wait_listening
 from safetensors.torch import load_file
 
 from echo2cli.broadcast.image import WIRE_DTYPES
@@ -76,7 +76,7 @@ def test_a_learner_trains_and_resumes_from_a_sharded_hub_model_offline(hf_home, 
     try:
         wait_listening(resumed, out)  # the model resolved from the cache by the saved id, the checkpoint loaded
         resumed.send_signal(signal.SIGTERM)
-        assert resumed.wait(timeout=120) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+        assert resumed.wait(timeout=120) == 0, log_tail(tmp_path / "resumed.log")
     finally:
         if resumed.poll() is None:
             kill_group(resumed)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 from test_trainer import tiny_model_dir  # noqa: F401  (fixture)
 
@@ -54,7 +55,7 @@ def finish(proc: subprocess.Popen, out: Path, timeout_s: float) -> int:
 
 
 def log_tail(out: Path) -> str:
-    return (out / "log.txt").read_text()[-4000:]
+    return procs.log_tail(out / "log.txt", 4000)
 
 
 def running(pid: int) -> bool:
@@ -99,6 +100,7 @@ def test_when_a_rank_fails_inside_a_step_every_rank_exits_within_a_minute(tiny_m
     if where == "abort":  # no exception to write: the rank's stack is in the log (`init_process_group`)
         log = (out / "log.txt").read_text()
         assert "Fatal Python error: Aborted" in log and " in fail\n" in log, log_tail(out)
+        assert procs.log_tail(out / "log.txt", 100).startswith(procs.FATAL)  # a short tail still shows the stacks
     else:
         assert "injected failure" in (out / f"rank{rank}.error").read_text()
     print(f"rank {rank} failed in the {where}: ranks exited after {exited} s")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import kill_group, spawn, stop_all, wait_for, wait_listening
+from procs import kill_group, log_tail, spawn, stop_all, wait_for, wait_listening
 
 from echo2cli.demo import free_port
 from echo2cli.layout import checkpoint_dir
@@ -82,7 +82,7 @@ def run(tmp_path_factory):
         time.sleep(0.5)
         for pid in ranks_alive(out):
             os.kill(pid, signal.SIGKILL)
-    assert report.get("learner_rc") == 0, (out / "learner.log").read_text()[-3000:]
+    assert report.get("learner_rc") == 0, log_tail(out / "learner.log")
     return out, report
 
 
