@@ -642,7 +642,9 @@ class BenchStalenessConfig(_Config):
     steps: int = Field(20, ge=1, description="optimizer steps per run")
     workers: int = Field(1, ge=1, le=16, description="local workers per run")
     off_policy: str = Field(
-        "token_tis", description="off-policy corrections to run, comma-separated (see `echo2 learner --help`)"
+        "token_tis",
+        description="off-policy corrections to run, comma-separated (see `echo2 learner --help`); S = 0 runs under "
+        "the first only, as at lag 0 every correction takes the same step, and each is compared with it",
     )
     adaptive_staleness: bool = Field(False, description="run the learners with --adaptive-staleness")
     guard_ess_min: float | None = Field(

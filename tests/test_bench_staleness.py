@@ -13,10 +13,8 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     cfg = BenchStalenessConfig(staleness="0,4", off_policy="token_tis,decoupled", seeds=2)
     got = [run_name(s) for s in settings(cfg)]
     assert got == [
-        "S0-token_tis-seed0",
+        "S0-token_tis-seed0",  # S = 0 under the first correction only: at lag 0 they all take the same step
         "S0-token_tis-seed1",
-        "S0-decoupled-seed0",
-        "S0-decoupled-seed1",
         "S4-token_tis-seed0",
         "S4-token_tis-seed1",
         "S4-decoupled-seed0",
@@ -90,6 +88,27 @@ def test_summary_averages_seeds_and_compares_wall_time_with_s0_of_the_same_corre
     assert alone["speedup_vs_sync"] is None  # no S = 0 run of geo_mask to compare with
     full, lora = summary([row(0, 0, 0.6, 100), row(0, 0, 0.5, 80, lora_rank=16), row(2, 0, 0.4, 40, lora_rank=16)])[:2]
     assert (full["lora_rank"], lora["lora_rank"]) == (0, 16) and lora["speedup_vs_sync"] == pytest.approx(1.0)
+
+
+def test_each_correction_pairs_with_its_own_s0_runs_else_with_another_corrections_s0_of_the_same_rank():
+    from echo2cli.bench.staleness import time_to_accuracy
+
+    rows = [row(0, seed, acc, 100) for seed, acc in enumerate([0.30, 0.50])]  # the sweep's one S = 0 arm
+    rows += [row(4, seed, acc, 50, mode="ppo") for seed, acc in enumerate([0.40, 0.40])]
+    rows += [row(0, seed, 0.60, 80, mode="decoupled") for seed in (0, 1)]  # an older OUT: decoupled's own S = 0
+    rows += [row(4, seed, 0.70, 40, mode="decoupled") for seed in (0, 1)]
+    rows += [row(4, 0, 0.5, 50, mode="none", lora_rank=16)]  # no S = 0 at rank 16: not paired
+    by = {(r["off_policy"], r["staleness"], r["lora_rank"]): r for r in summary(rows)}
+    ppo, dec, lora = by["ppo", 4, 0], by["decoupled", 4, 0], by["none", 4, 16]
+    assert ppo["acc_vs_sync"]["diffs"] == pytest.approx([0.10, -0.10]) and ppo["speedup_vs_sync"] == 2.0
+    assert dec["acc_vs_sync"]["diffs"] == pytest.approx([0.10, 0.10]) and dec["speedup_vs_sync"] == 2.0
+    assert lora["acc_vs_sync"] is None and lora["speedup_vs_sync"] is None
+    curves = [
+        row(0, 0, 0.5, 100) | {"eval_curve": curve([(10, 80, 0.40), (20, 160, 0.50)])},
+        row(4, 0, 0.5, 50, mode="ppo") | {"eval_curve": curve([(10, 40, 0.50), (20, 80, 0.55)])},
+    ]
+    got = time_to_accuracy(curves, target_version=20)[4, "ppo", False, 0]
+    assert got["target_reached"] == "1/1" and got["time_to_target_vs_sync"]["mean"] == 40 / 160
 
 
 def test_bucket_means_weigh_each_step_by_its_tokens():

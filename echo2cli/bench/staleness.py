@@ -44,7 +44,8 @@ HEALTH = ("train/kl_behaviour", "train/is_ess", "train/clipfrac", "train/is_trun
 
 
 def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
-    """Every (S, correction, LoRA rank, seed) the config asks for, in run order (seeds innermost)."""
+    """Every (S, correction, LoRA rank, seed) the config asks for, in run order (seeds innermost). S = 0 runs
+    under the first correction only: at lag 0 every correction is the same update (`sync_arm`)."""
     from echo2cli.learner.divergence import default_ess_min
     from echo2cli.learner.grpo import OFF_POLICY_MODES
 
@@ -85,7 +86,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
             "guard_ess_min": ess_min(m),
         }
         for s in bounds
-        for m in modes
+        for m in (modes[:1] if s == 0 else modes)
         for r in ranks
         for seed in range(cfg.seed, cfg.seed + cfg.seeds)
     ]
@@ -378,7 +379,7 @@ def summary(
     key: str = "greedy_accuracy",
 ) -> list[dict[str, Any]]:
     """Per setting: mean and spread over seeds of each run's score (`run_score`: the final accuracy, or the mean
-    of the last `score_versions` evaluated versions), its difference to S = 0 of the same correction
+    of the last `score_versions` evaluated versions), its difference to S = 0 of the same correction (`sync_arm`)
     seed by seed (`paired.py`: the mean, a bootstrap 95 % interval, and the seeds a half-width of 0.03 would
     take at the spread seen), and wall time against S = 0 of the same correction (speed-up = S = 0's mean
     steady time / this setting's: both from the end of the first step, which waits for the engines to start, to
@@ -396,11 +397,9 @@ def summary(
     for (s, mode, adaptive, rank), runs in sorted(keyed.items()):
         acc = [run_score(r, score_versions, key) for r in runs]
         steady_s = statistics.mean(r["steady_s"] for r in runs)
-        paired = (
-            None
-            if s == 0 or (mode, rank) not in base_acc
-            else paired_difference(_by_seed(runs, score_versions, key), base_acc[mode, rank])
-        )
+        sync_acc, sync_s = sync_arm(base_acc, mode, rank), sync_arm(base, mode, rank)
+        own = _by_seed(runs, score_versions, key)
+        paired = None if s == 0 or sync_acc is None else paired_difference(own, sync_acc)
         out.append(
             {
                 "staleness": s,
@@ -417,7 +416,7 @@ def summary(
                 "reward_last3": statistics.mean(statistics.mean(r["reward"][-3:]) for r in runs),
                 "train_s": statistics.mean(r["train_s"] for r in runs),
                 "steady_s": steady_s,
-                "speedup_vs_sync": base[mode, rank] / steady_s if (mode, rank) in base else None,
+                "speedup_vs_sync": None if sync_s is None else sync_s / steady_s,
                 "acc_vs_sync": paired,  # held-out accuracy minus S = 0's, seed by seed, with its interval
                 "seeds_for_half_width_0.03": None if paired is None else seeds_needed(paired["diffs"], 0.03),
                 **reach.get((s, mode, adaptive, rank), {}),
@@ -427,6 +426,20 @@ def summary(
             }
         )
     return out
+
+
+def sync_arm(arms: dict[tuple, Any], mode: str, *rest: int) -> Any:
+    """S = 0's entry in `arms` (keyed by correction, then LoRA rank and maybe seed) for a setting of correction
+    `mode`: its own correction's, else another's of the same rank (and seed). At lag 0 the batch was sampled by the
+    policy being trained, so w = pi_theta / mu is 1 up to the engine's rounding, no clip or mask acts, and every
+    correction takes the same policy-gradient step; a sweep of several corrections runs S = 0 once (`settings`).
+    Of several others, the first in the learner's order (token_tis, its default, first)."""
+    from echo2cli.learner.grpo import OFF_POLICY_MODES
+
+    if (mode, *rest) in arms:
+        return arms[(mode, *rest)]
+    others = sorted((k for k in arms if k[1:] == rest), key=lambda k: OFF_POLICY_MODES.index(k[0]))
+    return arms[others[0]] if others else None
 
 
 def _collapses(runs: list[dict[str, Any]], base: float) -> dict[str, Any]:
@@ -449,8 +462,9 @@ def _collapses(runs: list[dict[str, Any]], base: float) -> dict[str, Any]:
 
 def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tuple, dict[str, Any]]:
     """Per setting, from each run's accuracy curve: the wall seconds to first reach the held-out accuracy that
-    S = 0 of the same correction, LoRA rank and seed had at `target_version` (its curve point at or before it),
-    its mean over the seeds that reached it, and the ratio to S = 0's own time, seed by seed, with its interval."""
+    S = 0 of the same correction (`sync_arm`), LoRA rank and seed had at `target_version` (its curve point at or
+    before it), its mean over the seeds that reached it, and the ratio to S = 0's own time, seed by seed, with its
+    interval."""
 
     def twin(r: dict[str, Any]) -> tuple[str, int, int]:  # what S = 0's run of the same arm and seed shares
         return r["off_policy"], r.get("lora_rank", 0), r["seed"]
@@ -465,7 +479,7 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
     times: dict[tuple[int, str, bool, int], dict[int, float | None]] = {}
     own: dict[tuple[str, int, int], float | None] = {}  # S = 0's own time to its target
     for r in rows:
-        if (target := targets.get(twin(r))) is None or not r.get("eval_curve"):
+        if (target := sync_arm(targets, *twin(r))) is None or not r.get("eval_curve"):
             continue
         hit = time_to(r["eval_curve"], target)
         times.setdefault((r["staleness"], r["off_policy"], r["adaptive"], r.get("lora_rank", 0)), {})[r["seed"]] = hit
@@ -474,7 +488,7 @@ def time_to_accuracy(rows: list[dict[str, Any]], target_version: int) -> dict[tu
     out: dict[tuple, dict[str, Any]] = {}
     for key, by_seed in times.items():
         reached = {seed: t for seed, t in by_seed.items() if t is not None}
-        ratios = {seed: t / base for seed, t in reached.items() if (base := own.get((key[1], key[3], seed)))}
+        ratios = {seed: t / base for seed, t in reached.items() if (base := sync_arm(own, key[1], key[3], seed))}
         out[key] = {
             "target_reached": f"{len(reached)}/{len(by_seed)}",
             "time_to_target_s": statistics.mean(reached.values()) if reached else None,
