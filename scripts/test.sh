@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set up .venv (idempotent), lint (ruff), format check (ruff format), types (mypy),
 # then every test, quick and integration.
-#   bash scripts/test.sh                 # everything (44-49 min on 2 cores after setup; CI runs this)
+#   bash scripts/test.sh                 # everything (33-45 min on 2 cores after setup; CI runs this)
 #   bash scripts/test.sh -m "not slow"   # without the fault-injection runs
 #   bash scripts/test.sh -m "not integration"   # lint, types and the unit tests only (~5 min)
 set -euo pipefail
