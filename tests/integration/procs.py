@@ -72,7 +72,7 @@ def wait_for(
         ended = [p.args for p in running if p.poll() is not None]
         if ended or time.time() >= deadline:
             why = f"{ended} exited" if ended else "timed out"
-            tails = "".join(f"\n--- {log} (last 3,000 characters)\n{log_tail(log)}" for log in logs)
+            tails = "".join(f"\n--- {log} (its end, see log_tail)\n{log_tail(log)}" for log in logs)
             raise AssertionError(f"{why} waiting for {what}{tails}")
         time.sleep(poll_s)
 
