@@ -73,23 +73,26 @@ WIRE_DTYPE_HELP = (
 )
 
 
+LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
+    "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
+    "train_cpus",
+    "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
+    "is_cap kl_coef max_grad_norm micro_batch minibatches reward_timeout_s master_dither wire_dtype",
+    "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
+    "guard_kl_max guard_clip_max",
+    "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
+    "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
+    "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
+    "Evaluation": "eval_every eval_limit eval_k eval_devices",
+    "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts compile",
+    "LoRA": "lora_rank lora_alpha lora_targets",
+}
+
+
 class LearnerConfig(_Config):
     """`echo2 learner`."""
 
-    HELP_PANELS: ClassVar[dict[str, str]] = {  # --help headings: field names
-        "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
-        "train_cpus",
-        "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
-        "is_cap kl_coef max_grad_norm micro_batch reward_timeout_s master_dither wire_dtype",
-        "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
-        "guard_kl_max guard_clip_max",
-        "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
-        "tls_cert tls_key lease_timeout_s heartbeat_s linger_s",
-        "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
-        "Evaluation": "eval_every eval_limit eval_k eval_devices",
-        "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts compile",
-        "LoRA": "lora_rank lora_alpha lora_targets",
-    }
+    HELP_PANELS: ClassVar[dict[str, str]] = LEARNER_PANELS
 
     model: str = Field(
         "default",
@@ -174,6 +177,13 @@ class LearnerConfig(_Config):
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
     micro_batch: int = Field(16, ge=1, description="sequences per forward/backward pass")
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="optimizer steps per batch, each on a share of its prompts' groups (AReaL's ppo_n_minibatches; at "
+        "most --prompts-per-step). Above 1, seq_mask, geo_mask, decoupled and none take PPO's ratio against the policy "
+        "at the batch's start, so its clip bounds how far a batch moves the policy",
+    )
     max_tokens_per_micro_batch: int = Field(
         0, ge=0, description="padded tokens per forward/backward pass, for long completions (0 = no token budget)"
     )
@@ -339,9 +349,11 @@ class LearnerConfig(_Config):
         return self
 
     @model_validator(mode="after")
-    def _kappa_fits_staleness(self) -> LearnerConfig:
+    def _steps_fit(self) -> LearnerConfig:
         if problem := kappa_problem(self.kappa, self.staleness):
             raise ValueError(problem)
+        if self.minibatches > self.prompts_per_step:
+            raise ValueError(f"--minibatches {self.minibatches}: at most one per prompt (--prompts-per-step)")
         return self
 
 
@@ -658,6 +670,12 @@ class BenchStalenessConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")
     lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="the learners' --minibatches (optimizer steps per batch); at most --prompts-per-step. Runs of "
+        "another count belong in another OUT",
+    )
     lora_rank: str = Field(
         "0", description="LoRA ranks to run, comma-separated (0 = full fine-tuning; `echo2 learner --lora-rank`)"
     )

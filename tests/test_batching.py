@@ -44,3 +44,12 @@ def test_a_packed_budget_counts_the_tokens_of_the_packed_row_a_shared_prompt_onc
     assert micro_batches(range(4), lengths, 14, 8, groups, packed=True) == [[0], [1], [2], [3]]  # no prompt known
     assert micro_batches(range(4), [9, 3, 3, 3], 12, 8, packed=True) == [[0, 1], [2, 3]]  # no padding counted
     assert micro_batches(range(4), [9, 3, 3, 3], 12, 8) == [[0], [1, 2, 3]]  # padded: 2 x 9 > 12
+
+
+def test_mini_batches_are_runs_of_whole_groups_as_even_as_they_allow():
+    from echo2cli.learner.batching import mini_batches
+
+    assert mini_batches(4, 1) == [[0, 1, 2, 3]]
+    assert mini_batches(4, 4) == [[0], [1], [2], [3]]
+    assert mini_batches(5, 2) == [[0, 1, 2], [3, 4]]
+    assert mini_batches(2, 4) == [[0], [1]]  # never an empty mini-batch (a batch short of groups)

@@ -25,6 +25,8 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     )
     lora = [run_name(s) for s in settings(BenchStalenessConfig(staleness="2", lora_rank="0,16", seeds=1))]
     assert lora == ["S2-token_tis-seed0", "S2-token_tis-lora16-seed0"]  # rank 0 keeps the old runs' names
+    mb = settings(BenchStalenessConfig(staleness="1", minibatches=4, seeds=1))
+    assert [run_name(s) for s in mb] == ["S1-token_tis-mb4-seed0"] and mb[0]["minibatches"] == 4
     more = [run_name(s) for s in settings(BenchStalenessConfig(staleness="0", seed=3, seeds=2))]
     assert more == ["S0-token_tis-seed3", "S0-token_tis-seed4"]  # more seeds on the same --out, later
 
@@ -51,6 +53,7 @@ def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
         ({"off_policy": "token_tis,vtrace"}, "unknown --off-policy 'vtrace'"),
         ({"lora_rank": "16,x"}, "comma-separated integers"),
         ({"lora_rank": "1024"}, "0 \\(the full model\\) to 512"),
+        ({"minibatches": 5, "prompts_per_step": 4}, "--minibatches 5: at most one per prompt"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs, message):

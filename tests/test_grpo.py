@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.grpo import OFF_POLICY_MODES, PROXIMAL_MODES, compute_advantages, grpo_loss, worst_tokens
 
 
 def loop_advantages(rewards):
@@ -130,6 +130,38 @@ def test_decoupled_clips_around_the_proximal_policy_not_the_behaviour_one():
     _, m_dec, grad_dec, _ = corrected([[math.log(2), 0.0], [0.0, 0.0]], "decoupled")
     assert grad_tis[0, 0] == 0.0 and m_tis["train/clipfrac"] == 0.25
     assert grad_dec[0, 0] == pytest.approx(-2 / 4) and m_dec["train/clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("mode", OFF_POLICY_MODES)
+def test_a_proximal_policy_equal_to_the_trained_one_changes_nothing(mode):
+    # a batch's first mini-batch: pi_prox = sg(pi_theta), given or not
+    log_w = [[0.3, -0.4], [math.log(2), 0.1]]
+    loss, m, grad, _ = corrected(log_w, mode)
+    behaviour = torch.full((2, 2), -1.0)
+    given = corrected(log_w, mode, prox_logp=behaviour + torch.tensor(log_w))
+    assert given[0] == pytest.approx(loss) and given[1]["train/clipfrac"] == m["train/clipfrac"]
+    torch.testing.assert_close(given[2], grad)
+
+
+def test_decoupled_in_a_later_mini_batch_clips_r_against_the_batchs_start_and_weighs_by_its_behaviour_ratio():
+    # pi_prox / mu = 2 on every token; the step before moved pi_theta to r = pi_theta / pi_prox = [[1.5, 1.1], [0.5, 1]]
+    behaviour = torch.full((2, 2), -1.0)
+    prox = behaviour + math.log(2)
+    r = torch.tensor([[1.5, 1.1], [0.5, 1.0]])
+    log_w = (prox - behaviour + torch.log(r)).tolist()
+    loss, m, grad, _ = corrected(log_w, "decoupled", prox_logp=prox)
+    # A = +1 on row 0: r = 1.5 is clipped at 1.2 (no gradient), 1.1 is not; A = -1 on row 1: r = 0.5 clipped at 0.8
+    assert loss == pytest.approx(-2 * (1.2 + 1.1 - 0.8 - 1.0) / 4)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -2 * 1.1 / 4], [0.0, 2 * 1.0 / 4]]))
+    assert m["train/clipfrac"] == 0.5 and m["train/masked_frac"] == 0.0
+
+
+def test_only_the_corrections_built_on_the_proximal_ratio_read_the_proximal_policy():
+    log_w = [[0.005, -0.004], [0.002, 0.001]]  # near mu, so that geo_mask keeps every sequence
+    far = torch.full((2, 2), -1.0) + 1.5  # pi_prox far from pi_theta and mu: every r clipped, every weight past C
+    for mode in OFF_POLICY_MODES:
+        same = torch.allclose(corrected(log_w, mode)[2], corrected(log_w, mode, prox_logp=far)[2])
+        assert same == (mode not in PROXIMAL_MODES), mode
 
 
 def test_none_trains_stale_tokens_as_on_policy_ones_whatever_the_behaviour_policy():

@@ -100,6 +100,12 @@ def test_kappa_must_leave_room_in_the_staleness_window():
     assert load_config(LearnerConfig, None, {"kappa": 2, "staleness": 3}, "learner").kappa == 2
 
 
+def test_more_mini_batches_than_prompts_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="--minibatches 9: at most one per prompt"):
+        load_config(LearnerConfig, None, {"minibatches": 9, "prompts_per_step": 8}, "learner")
+    assert load_config(LearnerConfig, None, {"minibatches": 8, "prompts_per_step": 8}, "learner").minibatches == 8
+
+
 def test_worker_needs_a_learner_url():
     with pytest.raises(ConfigError, match="join"):
         load_config(WorkerConfig, None, {}, "worker")

@@ -181,6 +181,53 @@ def test_a_step_with_shared_prompts_moves_the_weights_like_one_without(tiny_mode
     assert abs(m_a["train/kl_behaviour"] - m_b["train/kl_behaviour"]) < 1e-4
 
 
+def two_groups(tr):
+    """Two prompts, each with a rewarded and an unrewarded completion, sampled by the trainer's own policy."""
+    out = []
+    for pid, prompt in enumerate([[5, 6], [7, 8, 9]]):
+        completions = [[20, 21], [30, 31, 32], [20, 21], [33]]
+        samples = [
+            Sample(prompt_id=pid, sample_idx=i, completion_token_ids=c, logprobs=logp_of(tr, prompt, c).tolist())
+            for i, c in enumerate(completions)
+        ]
+        out.append(Group(pid, 0, prompt, samples, [1.0, 0.0, 1.0, 0.0], "w"))
+    return out
+
+
+def weights(tr):
+    return [p.detach().clone() for p in tr.model.parameters()]
+
+
+def test_two_mini_batches_are_two_steps_on_the_groups_in_turn(tiny_model_dir):
+    """token_tis weighs by pi_theta / mu alone, so a batch in two mini-batches is one step on each group in turn;
+    the metrics are the whole batch's."""
+    both = make_trainer(tiny_model_dir, minibatches=2)
+    groups = two_groups(both)
+    metrics = both.step(groups)
+    in_turn = make_trainer(tiny_model_dir)
+    firsts = [in_turn.step([g]) for g in groups]
+    for x, y in zip(weights(both), weights(in_turn), strict=True):
+        torch.testing.assert_close(x, y)
+    assert [float(s["step"]) for s in both.opt.state.values()][0] == 2.0
+    assert metrics["train/tokens"] == sum(m["train/tokens"] for m in firsts) == 16
+    assert metrics["train/is_weight_mean"] == pytest.approx(
+        sum(m["train/is_weight_mean"] * m["train/tokens"] for m in firsts) / 16
+    )
+
+
+def test_a_later_mini_batch_of_decoupled_clips_against_the_batchs_start(tiny_model_dir):
+    """decoupled's PPO ratio is taken against the policy before the batch's first step: in the second
+    mini-batch the first step has moved it (lr 5e-2), and the clip acts. One step per group, each its own batch,
+    never clips (r = 1)."""
+    both = make_trainer(tiny_model_dir, lr=5e-2, minibatches=2, off_policy="decoupled")
+    groups = two_groups(both)
+    assert both.step(groups)["train/clipfrac"] > 0
+    in_turn = make_trainer(tiny_model_dir, lr=5e-2, off_policy="decoupled")
+    assert [in_turn.step([g])["train/clipfrac"] for g in groups] == [0.0, 0.0]
+    moved = [not torch.allclose(x, y) for x, y in zip(weights(both), weights(in_turn), strict=True)]
+    assert any(moved)
+
+
 def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):
     """Trained at version 5, groups of versions 5 and 2 land in buckets 0 and 3 with their own token counts."""
     tr = make_trainer(tiny_model_dir)

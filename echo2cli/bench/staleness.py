@@ -65,6 +65,8 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     if any(not 0 <= r <= 512 for r in ranks):
         raise ConfigError("--lora-rank values must be 0 (the full model) to 512")
 
+    if cfg.minibatches > cfg.prompts_per_step:
+        raise ConfigError(f"--minibatches {cfg.minibatches}: at most one per prompt (--prompts-per-step)")
     versions = curve_versions(cfg)
     scored = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
     if cfg.score_versions > scored:
@@ -84,6 +86,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
             "lora_rank": r,
             "seed": seed,
             "guard_ess_min": ess_min(m),
+            "minibatches": cfg.minibatches,
         }
         for s in bounds
         for m in (modes[:1] if s == 0 else modes)
@@ -95,7 +98,8 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
 def run_name(setting: dict[str, Any]) -> str:
     adaptive = "-adaptive" if setting["adaptive"] else ""
     lora = f"-lora{setting['lora_rank']}" if setting.get("lora_rank") else ""
-    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}{lora}-seed{setting['seed']}"
+    minibatches = f"-mb{setting['minibatches']}" if setting.get("minibatches", 1) > 1 else ""
+    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}{lora}{minibatches}-seed{setting['seed']}"
 
 
 CORES = os.cpu_count() or 1
@@ -126,6 +130,7 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         wire_dtype=cfg.wire_dtype,
         seed=setting["seed"],
         off_policy=setting["off_policy"],
+        minibatches=setting.get("minibatches", 1),
         adaptive_staleness=setting["adaptive"],
         guard_ess_min=setting["guard_ess_min"],
         torch_threads=1,

@@ -78,3 +78,17 @@ def _packed_size(
             total -= prompt_lengths[j]
         seen.add(groups[j])
     return total
+
+
+def mini_batches(groups: int, n: int) -> list[list[int]]:
+    """`groups` group indices cut into `n` runs of consecutive groups, one optimizer step each, as even as whole
+    groups allow (the first ones take the remainder); never an empty one: fewer than `n` if there are fewer
+    groups. A group stays whole, so its advantages (taken over the group) are the batch's."""
+    n = max(1, min(n, groups))
+    size, extra = divmod(groups, n)
+    out, start = [], 0
+    for k in range(n):
+        end = start + size + (k < extra)
+        out.append(list(range(start, end)))
+        start = end
+    return out

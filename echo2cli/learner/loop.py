@@ -153,6 +153,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         kl_coef=cfg.kl_coef,
         max_grad_norm=cfg.max_grad_norm,
         micro_batch=cfg.micro_batch,
+        minibatches=cfg.minibatches,
         temperature=cfg.temperature,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         activation_checkpointing=cfg.activation_checkpointing,

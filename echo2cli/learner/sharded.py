@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -62,7 +61,7 @@ from echo2cli.broadcast.image import VersionImage
 from echo2cli.errors import ConfigError
 from echo2cli.learner.batching import balance
 from echo2cli.learner.shard_load import is_meta, materialize, meta_model
-from echo2cli.learner.trainer import TokenLogp, Trainer
+from echo2cli.learner.trainer import TokenLogp, Trainer, restore_rng, save_rng
 
 DCP_DIR = "dcp"  # in a checkpoint: the sharded weights and optimizer state
 STOP = "stop"
@@ -331,8 +330,7 @@ class ShardedTrainer(Trainer):
             self.model.config.save_pretrained(directory)
             if getattr(self.model, "generation_config", None) is not None:
                 self.model.generation_config.save_pretrained(directory)
-            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            torch.save(rng, directory / "rng.pt")
+            save_rng(directory / "rng.pt")
 
     def _load(self, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -344,6 +342,4 @@ class ShardedTrainer(Trainer):
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(directory / DCP_DIR))
         set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng = torch.load(directory / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
+        restore_rng(directory / "rng.pt")

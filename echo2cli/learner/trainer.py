@@ -32,8 +32,8 @@ from echo2cli.broadcast.image import VersionImage, wire_name
 from echo2cli.errors import ConfigError
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
-from echo2cli.learner.batching import micro_batches
-from echo2cli.learner.grpo import compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.batching import micro_batches, mini_batches
+from echo2cli.learner.grpo import PROXIMAL_MODES, compute_advantages, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
 from echo2cli.learner.rounding import as_published, dither_master, read_at_fp32
 from echo2cli.learner.types import Group
@@ -315,18 +315,18 @@ class Trainer:
         compile: bool = False,
         dither_seed: int | None = None,
         wire_dtype: torch.dtype = torch.bfloat16,
+        minibatches: int = 1,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose ratio to
         the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too. A micro-batch holds at most
         `micro_batch` sequences and, if `max_tokens_per_micro_batch` > 0, at most that many padded tokens.
-        `activation_checkpointing` recomputes each layer's activations in the backward pass instead of keeping them:
-        less memory for long sequences, more compute. `off_policy`, `geo_low`, `geo_high`: the off-policy correction and
-        its bounds (`grpo.py`). `share_prompts`: run a prompt shared by several sequences of a micro-batch once
-        (`TokenLogp`). `lora`: train adapters of that spec on the frozen model instead of the model itself. `model`: a
-        causal LM to train instead of `model_dir`'s (the GPU benchmarks build theirs from a config). `bf16`: compute in
-        bf16 (autocast in one process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with
-        AVX512-BF16/AMX). `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`).
-        `dither_seed`: `adamw`. `wire_dtype`: the versions' (`_checked_wire`)."""
+        `activation_checkpointing` recomputes each layer's activations in the backward pass: less memory, more compute.
+        `off_policy`, `geo_low`, `geo_high`: the off-policy correction and its bounds (`grpo.py`). `share_prompts`: run
+        a prompt shared by sequences of a micro-batch once (`TokenLogp`). `lora`: train adapters of that spec on the
+        frozen model. `model`: a causal LM to train instead of `model_dir`'s. `bf16`: compute in bf16 (autocast in one
+        process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX).
+        `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`:
+        `adamw`. `wire_dtype`: the versions' (`_checked_wire`). `minibatches`: optimizer steps a batch (`step`)."""
         self.device = _training_device(device)
         self.model = self._policy_model(model_dir, model).train()
         use_packed_attention(self.model)
@@ -348,7 +348,7 @@ class Trainer:
         self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed, wire_dtype)
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
-        self.max_grad_norm, self.micro_batch = max_grad_norm, micro_batch
+        self.max_grad_norm, self.micro_batch, self.minibatches = max_grad_norm, micro_batch, minibatches
         self.max_tokens_per_micro_batch, self.temperature = max_tokens_per_micro_batch, temperature
         self.outliers: list[dict] = []
 
@@ -377,9 +377,10 @@ class Trainer:
         return Pack(rows, self.device, share_prompts=self.policy.share_prompts)
 
     def step(self, groups: list[Group], version: int | None = None) -> dict[str, Any]:
-        """One optimizer step on the batch. `version`: the policy version being trained, so the off-policy
-        health can be told per staleness bucket (version - group version); without it all is bucket 0.
-        Metrics stay on the device through the micro-batches and are read back once, after the last one."""
+        """One batch: `minibatches` optimizer steps, each a token-mean over a run of whole groups (`mini_batches`;
+        one step on the whole batch by default). `version`: the policy version being trained, so the off-policy
+        health can be told per staleness bucket (version - group version); without it all is bucket 0. Metrics,
+        over the whole batch, stay on the device through the micro-batches and are read back once, at the end."""
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
@@ -388,28 +389,27 @@ class Trainer:
         ]
         origin = [(g, s) for g in groups for s in g.samples]
         lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
-        total_tokens = sum(_loss_tokens(row) for row in rows)
-        lengths = [len(p) + len(c) for p, c, _, _ in rows]
-        group_of = [k for k, g in enumerate(groups) for _ in g.samples] if self.policy.share_prompts else None
-        prompt_lengths = [len(p) for p, _, _, _ in rows]
-        budget, most = self.max_tokens_per_micro_batch, self.micro_batch
-        chunks = micro_batches(self._my_rows(lengths), lengths, budget, most, group_of, True, prompt_lengths)
-        self.opt.zero_grad(set_to_none=True)
-        parts: list[tuple[list[int], dict[str, Any]]] = []
-        with as_published(self.rounded, self.wire_dtype):
-            for chunk in chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks)):
-                part = self._accumulate(chunk or [0], rows, advantages, total_tokens, weight=1.0 if chunk else 0.0)
-                if chunk:
-                    parts.append((chunk, part))
+        group_of = [k for k, g in enumerate(groups) for _ in g.samples]
+        runs = [set(run) for run in mini_batches(len(groups), self.minibatches)]
+        plans = [self._plan(rows, [i for i, k in enumerate(group_of) if k in run], group_of) for run in runs]
+        prox = self._proximal_logp(plans, rows) if len(plans) > 1 and self.off_policy in PROXIMAL_MODES else {}
+        parts, norms, total_tokens = [], [], sum(total for total, _ in plans)
+        for k, (total, chunks) in enumerate(plans):
+            self.opt.zero_grad(set_to_none=True)
+            with as_published(self.rounded, self.wire_dtype):
+                for j, chunk in enumerate(chunks):
+                    part = self._accumulate(chunk or [0], rows, advantages, total, float(bool(chunk)), prox.get((k, j)))
+                    if chunk:  # the metrics are the batch's: a part's share of it, not of its mini-batch
+                        parts.append((chunk, {**part, "share": part["share"] * total / max(total_tokens, 1)}))
+            norms.append(self._clip_grad_norm())
+            self.opt.step()
         sums, outliers = read_back(parts, lags, origin)
         sums = split_by_lag(self._reduce_metrics(sums))
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
-        grad_norm = self._clip_grad_norm()
-        self.opt.step()
         t_train = time.perf_counter() - t0
         return {
             **sums,
-            "train/grad_norm": grad_norm,
+            "train/grad_norm": sum(norms) / len(norms),
             "train/tokens": float(total_tokens),
             "train/abs_log_ratio_max": max((abs(o["log_w"]) for o in self.outliers), default=0.0),
             "train/advantage_nonzero_frac": float((advantages.abs() > 1e-6).float().mean()),
@@ -417,12 +417,37 @@ class Trainer:
             "perf/train_tokens_per_s": total_tokens / t_train,
         }
 
+    def _plan(self, rows: list, selected: list[int], group_of: list[int]) -> tuple[int, list[list[int]]]:
+        """A mini-batch (`selected` rows): its completion tokens over every rank, and this rank's micro-batches of
+        it, padded with empty ones to the most any rank has (each rank makes as many passes)."""
+        lengths = [len(p) + len(c) for p, c, _, _ in rows]
+        mine = [selected[i] for i in self._my_rows([lengths[j] for j in selected])]
+        groups = group_of if self.policy.share_prompts else None
+        budget, most = self.max_tokens_per_micro_batch, self.micro_batch
+        chunks = micro_batches(mine, lengths, budget, most, groups, True, [len(p) for p, _, _, _ in rows])
+        padded = chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks))
+        return sum(_loss_tokens(rows[i]) for i in selected), padded
+
+    @torch.no_grad()
+    def _proximal_logp(self, plans: list[tuple[int, list[list[int]]]], rows: list) -> dict[tuple[int, int], Any]:
+        """pi_prox's log-probs for the micro-batches of every mini-batch after the first, scored before the batch's
+        first optimizer step, by (mini-batch, micro-batch); the first mini-batch's pi_prox is sg(pi_theta)."""
+        out = {}
+        with as_published(self.rounded, self.wire_dtype):
+            for k, (_, chunks) in enumerate(plans[1:], 1):
+                for j, chunk in enumerate(chunks):
+                    logp = self._token_logp(self.policy, self._pack([rows[i] for i in chunk or [0]]))
+                    if chunk:
+                        out[(k, j)] = logp
+        return out
+
     def _accumulate(
-        self, chunk: list[int], rows: list, advantages: torch.Tensor, total_tokens: int, weight: float
+        self, chunk: list[int], rows: list, adv: torch.Tensor, total: int, weight: float, prox: torch.Tensor | None
     ) -> dict[str, Any]:
-        """Forward and backward over one micro-batch, its loss weighted by its share of the batch's completion
-        tokens (times `weight`: 0 for a pass a rank makes only to keep step with the others). Nothing is read
-        back from the device here: the metrics, per-row sums and worst tokens come back as device tensors."""
+        """Forward and backward over one micro-batch, its loss weighted by its share of the mini-batch's completion
+        tokens (times `weight`: 0 for a pass a rank makes only to keep step with the others). `prox`: pi_prox's
+        log-probs of its tokens (`_proximal_logp`; None: sg of this pass's). Nothing is read back from the device
+        here: the metrics, per-row sums and worst tokens come back as device tensors."""
         pack = self._pack([rows[i] for i in chunk])
         logp = self._token_logp(self.policy, pack)
         ref_logp = None
@@ -432,7 +457,7 @@ class Trainer:
         loss, metrics, per_row = grpo_loss(
             logp,
             pack.behaviour,
-            advantages[chunk].to(self.device, non_blocking=True),
+            adv[chunk].to(self.device, non_blocking=True),
             pack.mask,
             clip_eps=self.clip_eps,
             is_cap=self.is_cap,
@@ -441,8 +466,9 @@ class Trainer:
             off_policy=self.off_policy,
             geo_low=self.geo_low,
             geo_high=self.geo_high,
+            prox_logp=prox,
         )
-        share = sum(_loss_tokens(rows[i]) for i in chunk) / max(total_tokens, 1)
+        share = sum(_loss_tokens(rows[i]) for i in chunk) / max(total, 1)
         (loss * (share * weight * self._loss_scale())).backward()
         worst = worst_tokens(logp, pack.behaviour, pack.mask)
         return {"share": share, "metrics": metrics, "worst": worst, "rows": per_row}
@@ -522,41 +548,54 @@ class Trainer:
         else:
             self.model.save_pretrained(directory)
         torch.save(self.opt.state_dict(), directory / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, directory / "rng.pt")
+        save_rng(directory / "rng.pt")
 
     def _load(self, directory: Path) -> None:
-        from safetensors.torch import load_file
-
         if self.peft is not None:
             load_adapters(self.peft, directory, self.device)
         else:
-            state = load_file(str(directory / WEIGHTS_FILE), device=str(self.device))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied lm_head is not saved
-                raise ValueError(
-                    f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-                )
+            load_whole_weights(self.model, directory / WEIGHTS_FILE, self.device)
         if not (directory / "optimizer.pt").exists() and (directory / "dcp").is_dir():
             raise ValueError("it was written by a sharded learner: resume it with --nproc-per-node 2 or more")
-        # weights_only: tensors, numbers and containers only. A checkpoint directory is data; with pickle's
-        # defaults a crafted optimizer.pt or rng.pt would run code when loaded.
-        try:
-            self.opt.load_state_dict(
-                torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
-            )
-            rng = torch.load(directory / "rng.pt", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise ValueError(
-                f"{directory} holds a pickle that is not plain tensors and numbers: not loading it "
-                f"({str(exc).splitlines()[0][:120]})"
-            ) from exc
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.opt.load_state_dict(load_plain(directory / "optimizer.pt", self.device))
+        restore_rng(directory / "rng.pt")
+
+
+def load_plain(path: Path, device: torch.device | None = None) -> Any:
+    """A torch.save file of tensors, numbers and containers only (weights_only). A checkpoint directory is data;
+    with pickle's defaults a crafted optimizer.pt or rng.pt would run code when loaded."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{path} is a pickle that is not plain tensors and numbers: not loading it "
+            f"({str(exc).splitlines()[0][:120]})"
+        ) from exc
+
+
+def save_rng(path: Path) -> None:
+    """torch's (and CUDA's) and Python's RNG states, so that a resumed run draws what this one would have."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, path)
+
+
+def restore_rng(path: Path) -> None:
+    rng = load_plain(path)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def load_whole_weights(model: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """A checkpoint's safetensors into `model`, which must take every tensor (a tied lm_head is not saved)."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(str(path), device=str(device)), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ValueError(f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:

@@ -2,6 +2,7 @@
 batches; rank 0 writes the metrics, the exported bf16 version and a checkpoint to OUT. Used by tests/test_sharded.py.
 
     sharded_step.py MODEL_DIR OUT [--plain] [--fp32] [--kl-coef K] [--steps N] [--resume CHECKPOINT --first K]
+                    [--minibatches M --off-policy MODE]
 """
 
 import argparse
@@ -14,7 +15,15 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
-KEEP = ("train/loss", "train/grad_norm", "train/is_weight_mean", "train/tokens", "train/abs_log_ratio_max", "train/kl_ref")
+KEEP = (
+    "train/loss",
+    "train/grad_norm",
+    "train/is_weight_mean",
+    "train/tokens",
+    "train/abs_log_ratio_max",
+    "train/kl_ref",
+    "train/clipfrac",
+)
 
 
 def batch(step: int) -> list[Group]:
@@ -40,6 +49,7 @@ def batch(step: int) -> list[Group]:
 
 def main(a: argparse.Namespace) -> None:
     kwargs = dict(lr=1e-2, clip_eps=0.2, is_cap=3.0, kl_coef=a.kl_coef, max_grad_norm=1.0, micro_batch=3)
+    kwargs |= dict(minibatches=a.minibatches, off_policy=a.off_policy)
     kwargs["bf16"] = False if a.fp32 else None
     if a.plain:
         trainer = Trainer(a.model, **kwargs)
@@ -70,6 +80,8 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--resume", type=Path)
+    p.add_argument("--minibatches", type=int, default=1)
+    p.add_argument("--off-policy", default="token_tis")
     args = p.parse_args()
     main(args)
     if not args.plain:
