@@ -330,7 +330,7 @@ class ShardedTrainer(Trainer):
             self.model.config.save_pretrained(directory)
             if getattr(self.model, "generation_config", None) is not None:
                 self.model.generation_config.save_pretrained(directory)
-            save_rng(directory / "rng.pt")
+            save_rng(directory / "rng.pt", cuda=False)
 
     def _load(self, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp

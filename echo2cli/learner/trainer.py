@@ -573,10 +573,11 @@ def load_plain(path: Path, device: torch.device | None = None) -> Any:
         ) from exc
 
 
-def save_rng(path: Path) -> None:
-    """torch's (and CUDA's) and Python's RNG states, so that a resumed run draws what this one would have."""
+def save_rng(path: Path, cuda: bool = True) -> None:
+    """torch's and Python's RNG states, so that a resumed run draws what this one would have, and with `cuda` those
+    of every visible GPU (a sharded learner's rank 0 leaves them out: reading them opens a context on each GPU)."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, path)
 
