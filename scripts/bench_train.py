@@ -6,7 +6,10 @@ baselines these replace).
     .venv/bin/python scripts/bench_train.py [--prompts 4] [--group-size 8] [--completion-tokens 12] [--repeats 3]
 
 Prints the median seconds of each and the ratios. Batches are synthetic token ids with the shape of the
-default demo's (a 44-token chat-templated prompt, `--completion-tokens` sampled tokens).
+default demo's (a 44-token chat-templated prompt, `--completion-tokens` sampled tokens). Last, the lower bound
+on echo2's step: its matrix products' FLOPs (forward, and backward's two products per weight) at the rate this box
+multiplies the MLP's matrices at, with the same threads; the ratio is how far the step is from the box's own
+matmul rate (everything else in it, attention, softmax, AdamW, copies, adds to the bound).
 """
 
 from __future__ import annotations
@@ -60,6 +63,26 @@ def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Gr
     return groups
 
 
+def matmul_bound(
+    model: torch.nn.Module, tokens: int, completion_tokens: int, micro_batches: int
+) -> tuple[float, float]:
+    """(seconds, GFLOP/s): the step's matmul FLOPs at the box's rate for one micro-batch's MLP product. Every
+    linear layer runs on all `tokens` (the packed micro-batches' tokens), the tied vocabulary projection on the
+    completion positions only; backward is twice forward (the input's gradient and the weight's)."""
+    head = model.get_output_embeddings().weight
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not head)
+    flops = 3 * 2 * (linear * tokens + head.numel() * completion_tokens)
+    cfg = model.config
+    rows = tokens // micro_batches
+    a, w = torch.randn(rows, cfg.hidden_size), torch.randn(cfg.hidden_size, cfg.intermediate_size)
+    torch.mm(a, w)  # warm-up
+    t0, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        torch.mm(a, w)
+    rate = 2 * rows * cfg.hidden_size * cfg.intermediate_size * reps / (time.perf_counter() - t0)
+    return flops / rate, rate / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=4)
@@ -93,6 +116,13 @@ def main() -> None:
         print(f"  {k:30s} T_train median {v:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[k])})")
     print(f"  speed-up of shared prompts vs each sequence whole: {med[whole] / med[echo2]:.2f}x")
     print(f"  speed-up vs the full projection baseline: {med[full] / med[echo2]:.2f}x")
+    tokens = args.prompts * 44 + n * args.completion_tokens
+    micro_batches = -(-n // trainer.micro_batch)
+    bound, gflops = matmul_bound(trainer.model, tokens, n * args.completion_tokens, micro_batches)
+    print(
+        f"  matmul lower bound of echo2's step: {bound:.2f} s ({tokens} tokens at {gflops:.1f} GFLOP/s, this box's "
+        f"MLP matmul rate); step / bound {med[echo2] / bound:.2f}x"
+    )
 
 
 if __name__ == "__main__":
