@@ -26,6 +26,8 @@ from echo2cli.learner.types import Group
 from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 
+PROMPT_TOKENS = 44  # the default demo's chat-templated prompt
+
 
 def full_projection_logp(self, model, pack):
     """The rows right-padded in one batch, every position projected onto the vocabulary; completion-aligned."""
@@ -48,7 +50,7 @@ def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Gr
     gen = torch.Generator().manual_seed(seed)
     groups = []
     for p in range(prompts):
-        prompt = torch.randint(100, 40000, (44,), generator=gen).tolist()
+        prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=gen).tolist()
         samples = [
             Sample(
                 prompt_id=p,
@@ -109,14 +111,14 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     n = args.prompts * args.group_size
     print(
-        f"batch: {n} sequences x (44 prompt + {args.completion_tokens} completion) tokens, "
+        f"batch: {n} sequences x ({PROMPT_TOKENS} prompt + {args.completion_tokens} completion) tokens, "
         f"torch threads {torch.get_num_threads()}, autocast bf16 {trainer.autocast}"
     )
     for k, v in med.items():
         print(f"  {k:30s} T_train median {v:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[k])})")
     print(f"  speed-up of shared prompts vs each sequence whole: {med[whole] / med[echo2]:.2f}x")
     print(f"  speed-up vs the full projection baseline: {med[full] / med[echo2]:.2f}x")
-    tokens = args.prompts * 44 + n * args.completion_tokens
+    tokens = args.prompts * PROMPT_TOKENS + n * args.completion_tokens
     micro_batches = -(-n // trainer.micro_batch)
     bound, gflops = matmul_bound(trainer.model, tokens, n * args.completion_tokens, micro_batches)
     print(
