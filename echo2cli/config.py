@@ -77,7 +77,7 @@ LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
     "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
     "train_cpus",
     "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
-    "is_cap kl_coef max_grad_norm micro_batch minibatches reward_timeout_s master_dither wire_dtype",
+    "is_cap kl_coef max_grad_norm micro_batch minibatches skip_flat_groups reward_timeout_s master_dither wire_dtype",
     "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
     "guard_kl_max guard_clip_max",
     "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
@@ -183,6 +183,10 @@ class LearnerConfig(_Config):
         description="optimizer steps per batch, each on a share of its prompts' groups (AReaL's ppo_n_minibatches; at "
         "most --prompts-per-step). Above 1, seq_mask, geo_mask, decoupled and none take PPO's ratio against the policy "
         "at the batch's start, so its clip bounds how far a batch moves the policy",
+    )
+    skip_flat_groups: bool = Field(
+        True,
+        description="no pass over a group whose rewards are all equal: advantage 0, no gradient (without --kl-coef)",
     )
     max_tokens_per_micro_batch: int = Field(
         0, ge=0, description="padded tokens per forward/backward pass, for long completions (0 = no token budget)"

@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from echo2cli.learner.grpo import OFF_POLICY_MODES, PROXIMAL_MODES, compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.grpo import (
+    OFF_POLICY_MODES,
+    PROXIMAL_MODES,
+    compute_advantages,
+    flat_groups,
+    grpo_loss,
+    worst_tokens,
+)
 
 
 def loop_advantages(rewards):
@@ -39,6 +46,15 @@ def test_advantages_match_a_plain_loop():
 
 def test_group_with_equal_rewards_has_zero_advantage():
     assert torch.all(compute_advantages(torch.ones(1, 4)) == 0)
+
+
+def test_a_flat_group_of_rewards_that_do_not_average_exactly_has_zero_advantage():
+    """Eight rewards of 0.7 average to 0.7 - 6e-8 in fp32; divided by a std of the same size plus 1e-6, that was an
+    advantage of +0.056 on every sample, a push with no signal behind it."""
+    rewards = torch.tensor([[0.7] * 8, [0.1] * 8, [0.0, 1.0] * 4])
+    adv = compute_advantages(rewards)
+    assert torch.all(adv[:2] == 0) and torch.all(adv[2].abs() > 0.99)
+    assert flat_groups(rewards).tolist() == [True, True, False]
 
 
 def test_loss_matches_a_plain_loop_including_clipping_and_truncation():

@@ -1,5 +1,7 @@
 """Trainer math on a tiny randomly initialised Llama (no pretrained weights needed)."""
 
+import math
+
 import pytest
 import torch
 
@@ -226,6 +228,72 @@ def test_a_later_mini_batch_of_decoupled_clips_against_the_batchs_start(tiny_mod
     assert [in_turn.step([g])["train/clipfrac"] for g in groups] == [0.0, 0.0]
     moved = [not torch.allclose(x, y) for x, y in zip(weights(both), weights(in_turn), strict=True)]
     assert any(moved)
+
+
+def flat_group(tr, pid, reward):
+    """A group whose samples all got `reward`: advantage 0 on every token."""
+    prompt, completions = [4, 5, 6], [[40, 41], [42], [43, 44, 45], [46]]
+    samples = [
+        Sample(prompt_id=pid, sample_idx=i, completion_token_ids=c, logprobs=(logp_of(tr, prompt, c) - 0.3).tolist())
+        for i, c in enumerate(completions)
+    ]
+    return Group(pid, 0, prompt, samples, [reward] * 4, "w")
+
+
+def packed_rows(tr):
+    """Record the rows of every micro-batch the trainer packs (forward passes) into the returned list."""
+    seen: list[int] = []
+    pack = tr._pack
+    tr._pack = lambda rows: seen.append(len(rows)) or pack(rows)
+    return seen
+
+
+def test_a_flat_group_gets_no_pass_and_the_step_is_the_same(tiny_model_dir):
+    """A group whose rewards are all equal adds nothing to the gradient (advantage 0, no KL term): skipped, it still
+    counts in the token mean, so the weights move as with its pass. Its tokens leave the health metrics."""
+    runs = {}
+    for skip in (False, True):
+        tr = make_trainer(tiny_model_dir, micro_batch=4, skip_flat_groups=skip)
+        tr.autocast = False
+        groups = two_groups(tr) + [flat_group(tr, 2, 1.0)]
+        seen = packed_rows(tr)
+        runs[skip] = tr.step(groups), weights(tr), seen
+    (m_all, w_all, seen_all), (m_skip, w_skip, seen_skip) = runs[False], runs[True]
+    for x, y in zip(w_all, w_skip, strict=True):
+        torch.testing.assert_close(x, y)
+    assert sum(seen_all) == 12 and sum(seen_skip) == 8
+    assert m_skip["train/tokens"] == m_all["train/tokens"] == 23
+    assert m_skip["train/loss"] == pytest.approx(m_all["train/loss"], abs=1e-6)
+    assert m_skip["train/trained_frac"] == pytest.approx(16 / 23) and m_all["train/trained_frac"] == 1.0
+    assert m_skip["offpolicy/by_staleness"]["0"]["tokens"] == 16  # the flat group's w = e^0.3 is not in them
+    assert m_skip["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m_all["train/is_weight_mean"] == pytest.approx((16 + 7 * math.exp(0.3)) / 23, abs=1e-3)
+
+
+def test_a_batch_of_flat_groups_gets_no_pass_and_adamw_still_steps_on_its_moments(tiny_model_dir):
+    after = {}
+    for skip in (False, True):
+        tr = make_trainer(tiny_model_dir, micro_batch=4, skip_flat_groups=skip)
+        tr.autocast = False
+        tr.step(two_groups(tr))
+        before = weights(tr)
+        seen = packed_rows(tr)
+        m = tr.step([flat_group(tr, 0, 0.0), flat_group(tr, 1, 1.0)])
+        assert any(not torch.equal(x, y) for x, y in zip(before, weights(tr), strict=True))  # the moments move it
+        after[skip] = weights(tr), seen, m
+    (w_all, seen_all, m_all), (w_skip, seen_skip, m_skip) = after[False], after[True]
+    for x, y in zip(w_all, w_skip, strict=True):
+        torch.testing.assert_close(x, y)
+    assert seen_all and not seen_skip
+    assert m_skip["train/trained_frac"] == 0.0 and m_skip["train/grad_norm"] == m_all["train/grad_norm"] == 0.0
+    assert "train/is_ess" not in m_skip  # no trained token: nothing for the divergence guard to judge
+
+
+def test_with_a_kl_term_a_flat_group_is_trained(tiny_model_dir):
+    tr = make_trainer(tiny_model_dir, kl_coef=0.1, micro_batch=4)
+    seen = packed_rows(tr)
+    m = tr.step(two_groups(tr) + [flat_group(tr, 2, 1.0)])
+    assert sum(seen) == 12 and m["train/trained_frac"] == 1.0
 
 
 def test_off_policy_health_is_told_by_staleness_bucket(tiny_model_dir):

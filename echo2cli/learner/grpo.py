@@ -62,10 +62,17 @@ class Objective(NamedTuple):
 
 
 def compute_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """rewards: [num_groups, G] → advantages of the same shape."""
+    """rewards: [num_groups, G] → advantages of the same shape. A flat group (all G rewards equal) gets exactly 0:
+    its mean can round away from the rewards (0.1 eight times), which would leave noise scaled up by 1 / eps."""
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True, correction=0)
-    return (rewards - mean) / (std + eps)
+    flat = flat_groups(rewards)[:, None]
+    return torch.where(flat, 0.0, (rewards - mean) / (std + eps))
+
+
+def flat_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards: [num_groups, G] → [num_groups] bool: every reward of the group the same, so no learning signal."""
+    return rewards.amax(dim=1) == rewards.amin(dim=1)
 
 
 def _ppo(ratio: torch.Tensor, adv: torch.Tensor, clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -154,6 +154,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         max_grad_norm=cfg.max_grad_norm,
         micro_batch=cfg.micro_batch,
         minibatches=cfg.minibatches,
+        skip_flat_groups=cfg.skip_flat_groups,
         temperature=cfg.temperature,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         activation_checkpointing=cfg.activation_checkpointing,

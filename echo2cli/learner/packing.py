@@ -357,11 +357,13 @@ def kernel(device: torch.device | str) -> str:
     return f"flash varlen ({modes[0]})" if modes else "sdpa, padded rows"
 
 
-def use_packed_attention(model: torch.nn.Module) -> None:
-    """Register `packed_attention` with transformers and make it `model`'s attention. A call without a Pack still
-    runs SDPA, so the model behaves as before for anything else. No mask is built for it: transformers builds
-    masks only for the implementations it knows."""
+def use_packed_attention(*models: torch.nn.Module | None) -> None:
+    """Register `packed_attention` with transformers and make it each model's attention (None: skipped). A call
+    without a Pack still runs SDPA, so the model behaves as before for anything else. No mask is built for it:
+    transformers builds masks only for the implementations it knows."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(PACKED, packed_attention)
-    model.set_attn_implementation(PACKED)
+    for model in models:
+        if model is not None:
+            model.set_attn_implementation(PACKED)

@@ -9,6 +9,12 @@ prompt + completion exactly as the worker's engine produced them (no re-tokeniza
 micro-batches whose losses are weighted by their share of completion tokens so the step equals one
 token-level mean over the whole batch.
 
+A flat group (all G rewards equal) has advantage 0 on every token, so without a KL term its tokens add exactly
+nothing to the gradient: with `skip_flat_groups` (the default) it gets no forward or backward pass at all. Its tokens
+still count in the token mean's denominator, so the gradient, and the step AdamW takes on it, are the same as with
+the pass. The health metrics (and so the divergence guard) are over the trained tokens, the ones that carry the
+gradient; `train/trained_frac` is their share of the batch's.
+
 With a LoraSpec the base stays frozen and only PEFT's adapters train (`echo2cli/lora.py`): a version is the
 adapter tensors, the KL reference is the same model with its adapters switched off, and a checkpoint holds the
 adapters and their optimizer state.
@@ -33,7 +39,7 @@ from echo2cli.errors import ConfigError
 from echo2cli.hardware import cpu_has_bf16
 from echo2cli.layout import WEIGHTS_FILE
 from echo2cli.learner.batching import micro_batches, mini_batches
-from echo2cli.learner.grpo import PROXIMAL_MODES, compute_advantages, grpo_loss, worst_tokens
+from echo2cli.learner.grpo import PROXIMAL_MODES, compute_advantages, flat_groups, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
 from echo2cli.learner.rounding import as_published, dither_master, read_at_fp32
 from echo2cli.learner.types import Group
@@ -149,6 +155,45 @@ def split_by_lag(sums: dict[str, float]) -> dict[str, Any]:
     if "train/is_weight_sq_mean" in out:
         out["train/is_ess"] = out["train/is_weight_mean"] ** 2 / max(out["train/is_weight_sq_mean"], 1e-30)
     return out
+
+
+def batch_rows(
+    groups: list[Group], version: int | None
+) -> tuple[list[tuple], list[tuple[Group, Sample]], list[int], list[int]]:
+    """A batch's samples as trainer rows (prompt ids, completion ids, behaviour log-probs, policy mask), each with
+    its (group, sample), its staleness (bucket 0 without a `version`) and its group's index."""
+    rows = [(g.prompt_token_ids, s.completion_token_ids, s.logprobs, s.policy_mask) for g in groups for s in g.samples]
+    origin = [(g, s) for g in groups for s in g.samples]
+    lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
+    return rows, origin, lags, [k for k, g in enumerate(groups) for _ in g.samples]
+
+
+def step_report(
+    sums: dict[str, float], tokens: tuple[int, int], norms: list[float], outliers: list, adv: torch.Tensor, t0: float
+) -> dict[str, Any]:
+    """A step's metrics from its read-back sums; `tokens`: the batch's completion tokens and those trained."""
+    total, trained = tokens
+    out = split_by_lag(sums)
+    if "train/loss" in out:  # the batch's objective: a flat group's tokens add 0 to its sum and 1 each to its count
+        out["train/loss"] *= trained / max(total, 1)
+    t_train = time.perf_counter() - t0
+    return {
+        **out,
+        "train/grad_norm": sum(norms) / len(norms),
+        "train/tokens": float(total),
+        "train/trained_frac": trained / max(total, 1),
+        "train/abs_log_ratio_max": max((abs(o["log_w"]) for o in outliers), default=0.0),
+        "train/advantage_nonzero_frac": float((adv.abs() > 1e-6).float().mean()),
+        "learner/t_train_s": t_train,
+        "perf/train_tokens_per_s": total / t_train,
+    }
+
+
+def zero_gradient(model: torch.nn.Module) -> None:
+    """The gradient a backward pass of advantage-0 tokens makes: zeros, so AdamW steps on its moments as then."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
 
 
 LOGIT_CHUNK = 2048  # completion positions whose vocabulary logits exist at once (long completions)
@@ -316,6 +361,7 @@ class Trainer:
         dither_seed: int | None = None,
         wire_dtype: torch.dtype = torch.bfloat16,
         minibatches: int = 1,
+        skip_flat_groups: bool = True,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose ratio to
         the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too. A micro-batch holds at most
@@ -326,10 +372,9 @@ class Trainer:
         frozen model. `model`: a causal LM to train instead of `model_dir`'s. `bf16`: compute in bf16 (autocast in one
         process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX).
         `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`:
-        `adamw`. `wire_dtype`: the versions' (`_checked_wire`). `minibatches`: optimizer steps a batch (`step`)."""
+        `adamw`. `wire_dtype`: `_checked_wire`. `minibatches`: optimizer steps a batch. `skip_flat_groups`: see top."""
         self.device = _training_device(device)
         self.model = self._policy_model(model_dir, model).train()
-        use_packed_attention(self.model)
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
         self.wire_dtype = _checked_wire(wire_dtype, self.autocast)
         self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
@@ -337,8 +382,7 @@ class Trainer:
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ref = self._reference_model(model_dir) if kl_coef > 0 and self.peft is None else None
-        if ref is not None:
-            use_packed_attention(ref)
+        use_packed_attention(self.model, ref)
         if compile:
             compile_layers(self.model, ref)
         bf16_head = self.autocast and self.device.type == "cuda"  # see TokenLogp
@@ -350,6 +394,7 @@ class Trainer:
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch, self.minibatches = max_grad_norm, micro_batch, minibatches
         self.max_tokens_per_micro_batch, self.temperature = max_tokens_per_micro_batch, temperature
+        self.skip_flat = skip_flat_groups and not kl_coef  # a KL term gives a flat group a gradient
         self.outliers: list[dict] = []
 
     # -- where the models live: one process holds them whole; `ShardedTrainer` overrides these three ----------
@@ -379,62 +424,56 @@ class Trainer:
     def step(self, groups: list[Group], version: int | None = None) -> dict[str, Any]:
         """One batch: `minibatches` optimizer steps, each a token-mean over a run of whole groups (`mini_batches`;
         one step on the whole batch by default). `version`: the policy version being trained, so the off-policy
-        health can be told per staleness bucket (version - group version); without it all is bucket 0. Metrics,
-        over the whole batch, stay on the device through the micro-batches and are read back once, at the end."""
+        health can be told per staleness bucket (version - group version); without it all is bucket 0. Metrics
+        stay on the device through the micro-batches and are read back once, at the end. Flat groups: module
+        docstring."""
         t0 = time.perf_counter()
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
-        rows = [
-            (g.prompt_token_ids, s.completion_token_ids, s.logprobs, s.policy_mask) for g in groups for s in g.samples
-        ]
-        origin = [(g, s) for g in groups for s in g.samples]
-        lags = [0 if version is None else version - g.version for g in groups for _ in g.samples]
-        group_of = [k for k, g in enumerate(groups) for _ in g.samples]
+        flat = flat_groups(rewards).tolist() if self.skip_flat else [False] * len(groups)
+        rows, origin, lags, group_of = batch_rows(groups, version)
         runs = [set(run) for run in mini_batches(len(groups), self.minibatches)]
-        plans = [self._plan(rows, [i for i, k in enumerate(group_of) if k in run], group_of) for run in runs]
+        plans = [self._plan(rows, [i for i, k in enumerate(group_of) if k in run], group_of, flat) for run in runs]
         prox = self._proximal_logp(plans, rows) if len(plans) > 1 and self.off_policy in PROXIMAL_MODES else {}
-        parts, norms, total_tokens = [], [], sum(total for total, _ in plans)
-        for k, (total, chunks) in enumerate(plans):
+        parts, norms = [], []
+        total_tokens, trained_tokens = sum(plan[0] for plan in plans), sum(plan[1] for plan in plans)
+        for k, (total, _, chunks) in enumerate(plans):
             self.opt.zero_grad(set_to_none=True)
             with as_published(self.rounded, self.wire_dtype):
                 for j, chunk in enumerate(chunks):
                     part = self._accumulate(chunk or [0], rows, advantages, total, float(bool(chunk)), prox.get((k, j)))
-                    if chunk:  # the metrics are the batch's: a part's share of it, not of its mini-batch
-                        parts.append((chunk, {**part, "share": part["share"] * total / max(total_tokens, 1)}))
+                    if chunk:  # the metrics are the trained tokens': a part's share of them, not of its mini-batch
+                        parts.append((chunk, {**part, "share": part["share"] * total / max(trained_tokens, 1)}))
+            if not chunks:  # flat groups only, on every rank: the zero gradient their passes would have made
+                zero_gradient(self.model)
             norms.append(self._clip_grad_norm())
             self.opt.step()
         sums, outliers = read_back(parts, lags, origin)
-        sums = split_by_lag(self._reduce_metrics(sums))
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
-        t_train = time.perf_counter() - t0
-        return {
-            **sums,
-            "train/grad_norm": sum(norms) / len(norms),
-            "train/tokens": float(total_tokens),
-            "train/abs_log_ratio_max": max((abs(o["log_w"]) for o in self.outliers), default=0.0),
-            "train/advantage_nonzero_frac": float((advantages.abs() > 1e-6).float().mean()),
-            "learner/t_train_s": t_train,
-            "perf/train_tokens_per_s": total_tokens / t_train,
-        }
+        tokens = (total_tokens, trained_tokens)
+        return step_report(self._reduce_metrics(sums), tokens, norms, self.outliers, advantages, t0)
 
-    def _plan(self, rows: list, selected: list[int], group_of: list[int]) -> tuple[int, list[list[int]]]:
-        """A mini-batch (`selected` rows): its completion tokens over every rank, and this rank's micro-batches of
-        it, padded with empty ones to the most any rank has (each rank makes as many passes)."""
+    def _plan(self, rows: list, selected: list[int], group_of: list[int], flat: list[bool]) -> tuple[int, int, list]:
+        """A mini-batch (`selected` rows): its completion tokens over every rank, those of its rows to train (not
+        in a `flat` group), and this rank's micro-batches of those, padded with empty ones to the most any rank
+        has (each rank makes as many passes)."""
         lengths = [len(p) + len(c) for p, c, _, _ in rows]
-        mine = [selected[i] for i in self._my_rows([lengths[j] for j in selected])]
+        trained = [i for i in selected if not flat[group_of[i]]]
+        mine = [trained[i] for i in self._my_rows([lengths[j] for j in trained])]
         groups = group_of if self.policy.share_prompts else None
         budget, most = self.max_tokens_per_micro_batch, self.micro_batch
         chunks = micro_batches(mine, lengths, budget, most, groups, True, [len(p) for p, _, _, _ in rows])
         padded = chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks))
-        return sum(_loss_tokens(rows[i]) for i in selected), padded
+        tokens = sum(_loss_tokens(rows[i]) for i in selected), sum(_loss_tokens(rows[i]) for i in trained)
+        return tokens[0], tokens[1], padded
 
     @torch.no_grad()
-    def _proximal_logp(self, plans: list[tuple[int, list[list[int]]]], rows: list) -> dict[tuple[int, int], Any]:
+    def _proximal_logp(self, plans: list[tuple[int, int, list[list[int]]]], rows: list) -> dict[tuple[int, int], Any]:
         """pi_prox's log-probs for the micro-batches of every mini-batch after the first, scored before the batch's
         first optimizer step, by (mini-batch, micro-batch); the first mini-batch's pi_prox is sg(pi_theta)."""
         out = {}
         with as_published(self.rounded, self.wire_dtype):
-            for k, (_, chunks) in enumerate(plans[1:], 1):
+            for k, (_, _, chunks) in enumerate(plans[1:], 1):
                 for j, chunk in enumerate(chunks):
                     logp = self._token_logp(self.policy, self._pack([rows[i] for i in chunk or [0]]))
                     if chunk:

@@ -15,8 +15,9 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
-KEEP = (
+KEEP = (  # a step of flat groups only has no loss and no health metrics
     "train/loss",
+    "train/trained_frac",
     "train/grad_norm",
     "train/is_weight_mean",
     "train/tokens",
@@ -27,7 +28,8 @@ KEEP = (
 
 
 def batch(step: int) -> list[Group]:
-    """4 prompts x 4 samples of different lengths, fixed rewards and behaviour log-probs."""
+    """4 prompts x 4 samples of different lengths, fixed rewards and behaviour log-probs. Step 1's last group is flat
+    (all rewards equal) and so is every group of step 2: without a KL term, those get no pass."""
     g = torch.Generator().manual_seed(step)
     groups = []
     for p in range(4):
@@ -43,7 +45,10 @@ def batch(step: int) -> list[Group]:
                     logprobs=(-4.0 + 0.1 * torch.rand(n, generator=g)).tolist(),
                 )
             )
-        groups.append(Group(p, step, prompt, samples, [float((p + i) % 3 == 0) for i in range(4)], "w"))
+        rewards = [float((p + i) % 3 == 0) for i in range(4)]
+        if step == 2 or (step == 1 and p == 3):
+            rewards = [1.0] * 4
+        groups.append(Group(p, step, prompt, samples, rewards, "w"))
     return groups
 
 
@@ -67,7 +72,7 @@ def main(a: argparse.Namespace) -> None:
     trainer.save_checkpoint(a.out / "checkpoint")  # fp32 weights in checkpoint/model.safetensors
     if not a.plain:
         trainer.close()
-    (a.out / "metrics.json").write_text(json.dumps([{k: m[k] for k in KEEP} for m in metrics]))
+    (a.out / "metrics.json").write_text(json.dumps([{k: m[k] for k in KEEP if k in m} for m in metrics]))
 
 
 if __name__ == "__main__":
