@@ -4,12 +4,16 @@ sequence run whole, and against a right-padded batch with the full-vocabulary pr
 baselines these replace).
 
     .venv/bin/python scripts/bench_train.py [--prompts 4] [--group-size 8] [--completion-tokens 12] [--repeats 3]
+                                            [--flat-groups 0]
 
-Prints the median seconds of each and the ratios. Batches are synthetic token ids with the shape of the
-default demo's (a 44-token chat-templated prompt, `--completion-tokens` sampled tokens). Last, the lower bound
-on echo2's step: its matrix products' FLOPs (forward, and backward's two products per weight) at the rate this box
-multiplies the MLP's matrices at, with the same threads; the ratio is how far the step is from the box's own
-matmul rate (everything else in it, attention, softmax, AdamW, copies, adds to the bound).
+Prints the median seconds of each and the ratios. Batches are synthetic token ids with the shape of the default
+demo's (a 44-token chat-templated prompt, `--completion-tokens` sampled tokens). With `--flat-groups K`, K of the
+groups are flat (all rewards equal, as when every sample of a prompt is right): echo2's step skips them
+(`skip_flat_groups`), and a fourth variant runs them too, the baseline of that skip; the share of tokens left to
+train bounds its ratio. Last, the lower bound on echo2's step: its matrix products' FLOPs (forward, and backward's
+two products per weight) over the tokens it trains, at the rate this box multiplies the MLP's matrices at, with the
+same threads; the ratio is how far the step is from the box's own matmul rate (everything else in it, attention,
+softmax, AdamW, copies, adds to the bound).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def full_projection_logp(self, model, pack):
     return out * pack.mask
 
 
-def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Group]:
+def make_groups(prompts: int, g: int, completion: int, flat: int = 0, seed: int = 0) -> list[Group]:
     gen = torch.Generator().manual_seed(seed)
     groups = []
     for p in range(prompts):
@@ -60,7 +64,7 @@ def make_groups(prompts: int, g: int, completion: int, seed: int = 0) -> list[Gr
             )
             for i in range(g)
         ]
-        rewards = [float(i % 2) for i in range(g)]
+        rewards = [1.0] * g if p < flat else [float(i % 2) for i in range(g)]
         groups.append(Group(p, 0, prompt, samples, rewards, "bench"))
     return groups
 
@@ -91,19 +95,24 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--completion-tokens", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--flat-groups", type=int, default=0)
     args = ap.parse_args()
     trainer = Trainer(
         prepare_default_model(), lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=16
     )
-    groups = make_groups(args.prompts, args.group_size, args.completion_tokens)
+    groups = make_groups(args.prompts, args.group_size, args.completion_tokens, args.flat_groups)
     trainer.step(groups)  # warm-up
     echo2, whole, full = "packed, shared prompts (echo2)", "packed, each sequence whole", "padded, full projection"
-    times: dict[str, list[float]] = {echo2: [], whole: [], full: []}
+    every = "echo2, flat groups run too"
     original = Trainer._token_logp
+    variants = [(echo2, original, True, True), (whole, original, False, True)]
+    variants += [(full, full_projection_logp, False, True)]
+    variants += [(every, original, True, False)] if args.flat_groups else []
+    times: dict[str, list[float]] = {v[0]: [] for v in variants}
     for _ in range(args.repeats):
-        for name, fn, share in ((echo2, original, True), (whole, original, False), (full, full_projection_logp, False)):
+        for name, fn, share, skip in variants:
             Trainer._token_logp = fn
-            trainer.policy.share_prompts = share
+            trainer.policy.share_prompts, trainer.skip_flat = share, skip
             t0 = time.perf_counter()
             trainer.step(groups)
             times[name].append(time.perf_counter() - t0)
@@ -118,9 +127,17 @@ def main() -> None:
         print(f"  {k:30s} T_train median {v:6.2f} s  ({', '.join(f'{t:.2f}' for t in times[k])})")
     print(f"  speed-up of shared prompts vs each sequence whole: {med[whole] / med[echo2]:.2f}x")
     print(f"  speed-up vs the full projection baseline: {med[full] / med[echo2]:.2f}x")
-    tokens = args.prompts * PROMPT_TOKENS + n * args.completion_tokens
-    micro_batches = -(-n // trainer.micro_batch)
-    bound, gflops = matmul_bound(trainer.model, tokens, n * args.completion_tokens, micro_batches)
+    if args.flat_groups:
+        left = (args.prompts - args.flat_groups) / args.prompts
+        print(
+            f"  speed-up of skipping {args.flat_groups} flat group(s) of {args.prompts} vs running them: "
+            f"{med[every] / med[echo2]:.2f}x (at most {1 / left:.2f}x: {left:.0%} of the tokens are trained)"
+        )
+    trained = args.prompts - args.flat_groups  # groups
+    rows = trained * args.group_size
+    tokens = trained * PROMPT_TOKENS + rows * args.completion_tokens
+    micro_batches = -(-rows // trainer.micro_batch)
+    bound, gflops = matmul_bound(trainer.model, tokens, rows * args.completion_tokens, micro_batches)
     print(
         f"  matmul lower bound of echo2's step: {bound:.2f} s ({tokens} tokens at {gflops:.1f} GFLOP/s, this box's "
         f"MLP matmul rate); step / bound {med[echo2] / bound:.2f}x"

@@ -287,6 +287,7 @@ def test_a_batch_of_flat_groups_gets_no_pass_and_adamw_still_steps_on_its_moment
     assert seen_all and not seen_skip
     assert m_skip["train/trained_frac"] == 0.0 and m_skip["train/grad_norm"] == m_all["train/grad_norm"] == 0.0
     assert "train/is_ess" not in m_skip  # no trained token: nothing for the divergence guard to judge
+    assert m_skip["train/loss"] == 0.0 and m_all["train/loss"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_with_a_kl_term_a_flat_group_is_trained(tiny_model_dir):

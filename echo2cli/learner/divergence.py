@@ -4,8 +4,9 @@ with `--adaptive-staleness` lowers the staleness bound for new leases until it i
 Every step's verdict is on the median of the last `window` steps (3) of three measures, each against its
 threshold:
 
-- `train/is_ess` below `ess_min`: the importance weights w = pi_theta / mu of the batch's tokens have a
-  normalised effective sample size (sum w)^2 / (n sum w^2) this low, i.e. a few tokens carry the gradient;
+- `train/is_ess` below `ess_min`: the importance weights w = pi_theta / mu of the batch's trained tokens (a group
+  whose rewards are all equal is not trained, `trainer.py`) have a normalised effective sample size
+  (sum w)^2 / (n sum w^2) this low, i.e. a few tokens carry the gradient;
 - `train/kl_behaviour` above `kl_max`: the mean per-token divergence between the policy that sampled and the
   one being trained (heavy-tailed: one token the trainer finds far less likely adds thousands);
 - `train/clipfrac` above `clip_max`: the share of tokens whose objective the PPO clip or the dual clip cut.

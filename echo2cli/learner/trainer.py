@@ -174,8 +174,8 @@ def step_report(
     """A step's metrics from its read-back sums; `tokens`: the batch's completion tokens and those trained."""
     total, trained = tokens
     out = split_by_lag(sums)
-    if "train/loss" in out:  # the batch's objective: a flat group's tokens add 0 to its sum and 1 each to its count
-        out["train/loss"] *= trained / max(total, 1)
+    # the batch's objective: a flat group's tokens add 0 to its sum and 1 each to its count (0 with none trained)
+    out["train/loss"] = out.get("train/loss", 0.0) * trained / max(total, 1)
     t_train = time.perf_counter() - t0
     return {
         **out,

@@ -15,7 +15,7 @@ from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
 from echo2cli.protocol import Sample
 
-KEEP = (  # a step of flat groups only has no loss and no health metrics
+KEEP = (  # a step of flat groups only has no health metrics
     "train/loss",
     "train/trained_frac",
     "train/grad_norm",
