@@ -28,7 +28,7 @@ KEEP = (  # a step of flat groups only has no health metrics
 
 
 def batch(step: int) -> list[Group]:
-    """4 prompts x 4 samples of different lengths, fixed rewards and behaviour log-probs. Step 1's last group is flat
+    """4 prompts x 4 samples of different lengths, fixed rewards and behaviour log-probs. Step 1's first group is flat
     (all rewards equal) and so is every group of step 2: without a KL term, those get no pass."""
     g = torch.Generator().manual_seed(step)
     groups = []
@@ -46,7 +46,7 @@ def batch(step: int) -> list[Group]:
                 )
             )
         rewards = [float((p + i) % 3 == 0) for i in range(4)]
-        if step == 2 or (step == 1 and p == 3):
+        if step == 2 or (step == 1 and p == 0):
             rewards = [1.0] * 4
         groups.append(Group(p, step, prompt, samples, rewards, "w"))
     return groups
