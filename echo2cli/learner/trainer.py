@@ -464,8 +464,7 @@ class Trainer:
         budget, most = self.max_tokens_per_micro_batch, self.micro_batch
         chunks = micro_batches(mine, lengths, budget, most, groups, True, [len(p) for p, _, _, _ in rows])
         padded = chunks + [[]] * (self._micro_batch_count(len(chunks)) - len(chunks))
-        tokens = sum(_loss_tokens(rows[i]) for i in selected), sum(_loss_tokens(rows[i]) for i in trained)
-        return tokens[0], tokens[1], padded
+        return sum(_loss_tokens(rows[i]) for i in selected), sum(_loss_tokens(rows[i]) for i in trained), padded
 
     @torch.no_grad()
     def _proximal_logp(self, plans: list[tuple[int, int, list[list[int]]]], rows: list) -> dict[tuple[int, int], Any]:
