@@ -40,6 +40,18 @@ def test_verdicts_are_on_the_median_of_three_steps_so_one_spike_is_ignored():
     assert run(guard, [HEALTHY, COLLAPSED, HEALTHY, HEALTHY, COLLAPSED, HEALTHY]) == [None] * 6
 
 
+def test_a_step_that_trained_nothing_gives_no_verdict_and_stays_out_of_the_window():
+    # A step of flat groups only has no health measures. Were it a member of the window, a spike beside two such
+    # steps would be the whole median (a learner lowered S on one step so), and unmeasured steps would count as
+    # healthy ones towards a raise.
+    guard = DivergenceGuard(8, LIMITS, adaptive=False)
+    assert run(guard, [HEALTHY, HEALTHY, {}, {}, COLLAPSED, {}]) == [None] * 6  # window (H, H, C): healthy
+    guard = DivergenceGuard(8, LIMITS, adaptive=True, window=3, patience=3)
+    decisions = run(guard, [COLLAPSED] * 3 + [{}] * 20)
+    assert [(d["step"], d["action"]) for d in decisions if d] == [(2, "lower")]
+    assert guard.effective == 4 and guard.healthy_steps == 0 and len(guard.recent) == 0
+
+
 def test_without_adaptive_staleness_it_warns_and_keeps_s():
     guard = DivergenceGuard(8, LIMITS, adaptive=False)
     decisions = run(guard, [HEALTHY, COLLAPSED, COLLAPSED, COLLAPSED, HEALTHY, HEALTHY, HEALTHY])

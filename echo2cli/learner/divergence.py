@@ -1,8 +1,8 @@
 """The divergence guard: notices from each step's off-policy health that a run is going off the rails, and
 with `--adaptive-staleness` lowers the staleness bound for new leases until it is healthy again.
 
-Every step's verdict is on the median of the last `window` steps (3) of three measures, each against its
-threshold:
+Every step's verdict is on the median of the last `window` measured steps (3) of three measures, each against
+its threshold (a step that trained nothing, every group flat, measures nothing and gives no verdict):
 
 - `train/is_ess` below `ess_min`: the importance weights w = pi_theta / mu of the batch's trained tokens (a group
   whose rewards are all equal is not trained, `trainer.py`) have a normalised effective sample size
@@ -126,8 +126,15 @@ class DivergenceGuard:
         return self.effective if lag is None else min(self.effective, int(lag))
 
     def observe(self, step: int, m: dict[str, Any]) -> dict[str, Any] | None:
-        """A decision for `decisions.jsonl` if this step warns or changes the effective S, else None."""
-        self.recent.append({k: m[k] for k in MEASURES if m.get(k) is not None})
+        """A decision for `decisions.jsonl` if this step warns or changes the effective S, else None.
+
+        A step without the measures (every group flat, so nothing trained) gives no verdict, healthy or not, and
+        stays out of the window: otherwise the window's median would be over fewer steps, and one spike beside
+        two unmeasured steps would decide alone."""
+        measured = {k: m[k] for k in MEASURES if m.get(k) is not None}
+        if not measured:
+            return None
+        self.recent.append(measured)
         if len(self.recent) < (self.recent.maxlen or 1):
             return None
         medians = self.medians()
