@@ -165,14 +165,14 @@ class LearnerConfig(_Config):
         None,
         ge=0.0,
         le=1.0,
-        description="guard: flag when the importance-weight ESS (0..1, median of 3 steps) is below",
+        description="guard: flag when the importance-weight ESS (0..1, median of 3 measured steps) is below",
         json_schema_extra={"shown_default": "0.9 with --off-policy none, else 0.8"},
     )
     guard_kl_max: float = Field(
-        1.0, gt=0.0, description="guard: flag when the behaviour KL (median of 3 steps) exceeds"
+        1.0, gt=0.0, description="guard: flag when the behaviour KL (median of 3 measured steps) exceeds"
     )
     guard_clip_max: float = Field(
-        0.15, gt=0.0, le=1.0, description="guard: flag when the clip fraction (median of 3 steps) exceeds"
+        0.15, gt=0.0, le=1.0, description="guard: flag when the clip fraction (median of 3 measured steps) exceeds"
     )
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
