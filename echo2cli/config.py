@@ -158,8 +158,8 @@ class LearnerConfig(_Config):
     adaptive_staleness: bool = Field(
         False,
         description="when the guard flags a step, halve the S that sizes new leases and bounds admission (or the "
-        "lag the step reached, where lower); raise it by one after 3 healthy verdicts, doubled with each flag, "
-        "never back to a flagged lag",
+        "lag the step reached, where lower; 0 for good with --off-policy none); raise it by one after 3 healthy "
+        "verdicts, doubled with each flag, never back to a flagged lag",
     )
     guard_ess_min: float | None = Field(
         None,

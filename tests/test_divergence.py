@@ -86,6 +86,19 @@ def test_a_single_flag_lets_s_climb_back_to_one_below_the_flagged_lag():
     assert guard.effective == 5
 
 
+def test_without_a_correction_a_flag_sets_s_to_zero_for_good():
+    # an uncorrected objective: lag 3 flagged goes to lag 0, not 1, and no run of healthy verdicts raises it again
+    guard = DivergenceGuard(16, LIMITS, adaptive=True, corrected=False)
+    decisions = run(guard, [{**COLLAPSED, "rollout/staleness_max": 3}] * 3 + [HEALTHY] * 60)
+    changes = [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in decisions if d]
+    assert changes == [(2, "lower", 16, 0)]
+    assert guard.effective == guard.ceiling == 0 and decisions[2]["ceiling"] == 0
+    corrected = DivergenceGuard(16, LIMITS, adaptive=True)  # the same stream with a correction halves and climbs
+    assert [
+        d["effective_to"] for d in run(corrected, [{**COLLAPSED, "rollout/staleness_max": 3}] * 3 + [HEALTHY] * 60) if d
+    ] == [1, 2]
+
+
 def test_at_s_zero_a_flag_is_a_warning_only():
     guard = DivergenceGuard(0, LIMITS, adaptive=True)
     decisions = run(guard, [COLLAPSED] * 3)

@@ -21,7 +21,13 @@ bound new leases are sized with and admission checks: staler groups already admi
 prompts queued again) or, where it is lower, the lag the flagged step's batch reached, and starts the window
 afresh: rollouts already in flight are as stale as before, so the next verdict waits for `window` new steps.
 
-Raising it again is cautious. After `patience` healthy verdicts in a row the effective S rises by one, but:
+Without a correction (`--off-policy none`, `corrected=False`) a flag sets the effective S to 0 for good: such an
+objective weighs a stale token as a fresh one, and at lag 0 the measures cannot say whether a lag would be safe
+again. Lags of 1-3 pulled such runs under the base model after a flag, whether the bound had been raised back
+(three of four) or stayed at 1 (docs/BENCHMARKS.md, "The collapse with flat groups skipped").
+
+With a correction, raising it again is cautious. After `patience` healthy verdicts in a row the effective S rises
+by one, but:
 
 - never back to a lag that was flagged: each flag lowers the ceiling (at first the configured S) to one below
   the lag it halved;
@@ -66,9 +72,17 @@ class Thresholds:
 
 class DivergenceGuard:
     def __init__(
-        self, staleness: int, thresholds: Thresholds, *, adaptive: bool, window: int = 3, patience: int = 3
+        self,
+        staleness: int,
+        thresholds: Thresholds,
+        *,
+        adaptive: bool,
+        corrected: bool = True,
+        window: int = 3,
+        patience: int = 3,
     ) -> None:
         self.S, self.limits, self.adaptive, self.patience = staleness, thresholds, adaptive, patience
+        self.corrected = corrected  # False: a flag means lag 0 from then on
         self.effective = staleness
         self.ceiling = staleness  # the most a raise may reach: one below the lowest lag a flag halved
         self.healthy_steps = 0
@@ -144,8 +158,8 @@ class DivergenceGuard:
             self.healthy_steps = 0
             if self.adaptive and self.effective > 0:
                 failed = self._ceiling(m)
-                self.effective = failed // 2
-                self.ceiling = min(self.ceiling, max(failed - 1, self.effective))
+                self.effective = failed // 2 if self.corrected else 0
+                self.ceiling = min(self.ceiling, max(failed - 1, self.effective)) if self.corrected else 0
                 self.patience *= 2
                 self.recent.clear()
             action = "lower" if self.effective < before else "warn"

@@ -169,6 +169,13 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
     )
 
 
+def divergence_guard(cfg: LearnerConfig) -> DivergenceGuard:
+    """The guard as configured; without a correction (`--off-policy none`) a flag under --adaptive-staleness means
+    lag 0 from then on (`DivergenceGuard`)."""
+    limits, corrected = cfg.guard_thresholds(), cfg.off_policy != "none"
+    return DivergenceGuard(cfg.staleness, limits, adaptive=cfg.adaptive_staleness, corrected=corrected)
+
+
 def follow_learner(cfg: LearnerConfig) -> None:
     """Ranks > 0 of a sharded learner: hold a shard and make rank 0's trainer calls until it finishes.
     Signals are rank 0's to handle (it checkpoints at the next step and then releases the others)."""
@@ -221,7 +228,7 @@ class Learner:
         self.trainer, self.coord = build_trainer_and_coordinator(cfg, self.model_dir, self.scorer)
         # a sharded trainer's other ranks stop with this one: told STOP after a clean finish, never after an error
         self._closing.enter_context(closed_on_success(self.trainer))
-        self.guard = DivergenceGuard(cfg.staleness, cfg.guard_thresholds(), adaptive=cfg.adaptive_staleness)
+        self.guard = divergence_guard(cfg)
         if resume_from is not None:
             self._restore(resume_from)
         self.sock = bind_socket(cfg.host, cfg.port)
