@@ -93,6 +93,11 @@ def test_without_a_correction_a_flag_sets_s_to_zero_for_good():
     changes = [(d["step"], d["action"], d["effective_from"], d["effective_to"]) for d in decisions if d]
     assert changes == [(2, "lower", 16, 0)]
     assert guard.effective == guard.ceiling == 0 and decisions[2]["ceiling"] == 0
+    from echo2cli.config import LearnerConfig
+    from echo2cli.learner.loop import divergence_guard
+
+    assert not divergence_guard(LearnerConfig(off_policy="none", adaptive_staleness=True)).corrected
+    assert all(divergence_guard(LearnerConfig(off_policy=mode)).corrected for mode in ("token_tis", "ppo", "decoupled"))
     corrected = DivergenceGuard(16, LIMITS, adaptive=True)  # the same stream with a correction halves and climbs
     assert [
         d["effective_to"] for d in run(corrected, [{**COLLAPSED, "rollout/staleness_max": 3}] * 3 + [HEALTHY] * 60) if d
