@@ -24,7 +24,8 @@ afresh: rollouts already in flight are as stale as before, so the next verdict w
 Without a correction (`--off-policy none`, `corrected=False`) a flag sets the effective S to 0 for good: such an
 objective weighs a stale token as a fresh one, and at lag 0 the measures cannot say whether a lag would be safe
 again. Lags of 1-3 pulled such runs under the base model after a flag, whether the bound had been raised back
-(three of four) or stayed at 1 (docs/BENCHMARKS.md, "The collapse with flat groups skipped").
+(three of four) or stayed at 1 (docs/BENCHMARKS.md, "The collapse with flat groups skipped"); at lag 0 none of
+five did, where S = 0 itself did in two ("Without a correction, a flag means lag 0 for good").
 
 With a correction, raising it again is cautious. After `patience` healthy verdicts in a row the effective S rises
 by one, but:
