@@ -158,9 +158,12 @@ class DivergenceGuard:
         if reasons:
             self.healthy_steps = 0
             if self.adaptive and self.effective > 0:
-                failed = self._ceiling(m)
-                self.effective = failed // 2 if self.corrected else 0
-                self.ceiling = min(self.ceiling, max(failed - 1, self.effective)) if self.corrected else 0
+                if self.corrected:
+                    failed = self._ceiling(m)
+                    self.effective = failed // 2
+                    self.ceiling = min(self.ceiling, max(failed - 1, self.effective))
+                else:
+                    self.effective = self.ceiling = 0
                 self.patience *= 2
                 self.recent.clear()
             action = "lower" if self.effective < before else "warn"
