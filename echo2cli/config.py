@@ -171,7 +171,7 @@ class LearnerConfig(_Config):
     guard_kl_max: float = Field(
         1.0, gt=0.0, description="guard: flag when the behaviour KL (median of 3 measured steps) exceeds"
     )
-    guard_clip_max: float = Field(  # over the trained tokens; S = 4 runs reach 0.20 (divergence.py)
+    guard_clip_max: float = Field(  # over the trained tokens; S = 4 runs reach 0.21 (divergence.py)
         0.25, gt=0.0, le=1.0, description="guard: flag when the clip fraction (median of 3 measured steps) exceeds"
     )
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty to the initial policy (0 = off, no ref model)")

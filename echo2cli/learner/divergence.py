@@ -15,7 +15,7 @@ A median of 3 ignores a one-step spike, which every staleness shows now and then
 `echo2 bench staleness` on the default setting (docs/BENCHMARKS.md): no run at S <= 4 crosses them; the first S = 8
 runs did, from the step their staleness reached 6. The clip bound is 0.25, not the 0.15 it was calibrated at when
 every token counted: over the trained tokens alone (flat groups have none) S = 4 runs measure more, up to
-0.20 over 34 seeds, and 0.15 warned in 18 of them, none of which fell; every collapse on record was flagged by the
+0.21 over 49 seeds, and 0.15 warned in 28 of them, none of which fell; every collapse on record was flagged by the
 ESS or the KL first. Without a correction (`--off-policy none`) the ESS bound is 0.9, not 0.8: such runs fall at
 lags where the ESS is still 0.85-0.9 (`default_ess_min`).
 
