@@ -198,12 +198,11 @@ def test_the_default_bounds_replayed_over_recorded_runs_pass_s4_and_flag_every_c
     with token_tis is flagged, though 28 of 49 crossed the clip bound of 0.15 once only trained tokens counted, and
     each of the five uncorrected S = 16 runs that collapsed is flagged by step 4."""
     from echo2cli.bench.staleness import replayed_flags
+    from echo2cli.metrics import read_metrics
 
     docs = Path(__file__).resolve().parents[1] / "docs"
-    pairs = [json.loads(line) for line in (docs / "bench_staleness_pairs" / "rows.jsonl").read_text().splitlines()]
-    s4 = [r for r in pairs if r["staleness"] == 4]
+    s4 = [r for r in read_metrics(docs / "bench_staleness_pairs" / "rows.jsonl") if r["staleness"] == 4]
     assert len(s4) >= 49 and max(c for r in s4 for c in r["health"]["train/clipfrac"] if c is not None) > 0.15
     assert {r["name"]: replayed_flags(r) for r in s4} == {r["name"]: [] for r in s4}
-    warn = docs / "bench_collapse_skipflat" / "warn" / "rows.jsonl"
-    collapsed = [json.loads(line) for line in warn.read_text().splitlines()]
+    collapsed = read_metrics(docs / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
     assert len(collapsed) == 5 and all(replayed_flags(r)[0] <= 4 for r in collapsed)
