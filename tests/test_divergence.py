@@ -206,3 +206,15 @@ def test_the_default_bounds_replayed_over_recorded_runs_pass_s4_and_flag_every_c
     assert {r["name"]: replayed_flags(r) for r in s4} == {r["name"]: [] for r in s4}
     collapsed = read_metrics(docs / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
     assert len(collapsed) == 5 and all(replayed_flags(r)[0] <= 4 for r in collapsed)
+
+
+def test_the_replay_over_a_recorded_run_gives_the_verdicts_its_learner_logged():
+    """The guard as `echo2 bench staleness` replays it over a row's recorded health flags the steps the live learner
+    warned at (docs/bench_areal_skipflat: token_tis and ppo at S = 8 and 16, one run warned by the behaviour KL),
+    so the replayed columns of the tables are the guard's own verdicts."""
+    from echo2cli.bench.staleness import replayed_flags
+    from echo2cli.metrics import read_metrics
+
+    rows = read_metrics(Path(__file__).resolve().parents[1] / "docs" / "bench_areal_skipflat" / "rows.jsonl")
+    assert len(rows) >= 15 and any(r["guard"] for r in rows)
+    assert {r["name"]: replayed_flags(r) for r in rows} == {r["name"]: [g["step"] for g in r["guard"]] for r in rows}
