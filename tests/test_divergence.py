@@ -12,6 +12,7 @@ from echo2cli.learner.trainer import LAG_PREFIX, split_by_lag
 LIMITS = Thresholds(ess_min=0.5, kl_max=0.1, clip_max=0.3)
 HEALTHY = {"train/is_ess": 0.9, "train/kl_behaviour": 0.01, "train/clipfrac": 0.05}
 COLLAPSED = {**HEALTHY, "train/is_ess": 0.2}
+DOCS = Path(__file__).resolve().parents[1] / "docs"  # rows recorded by `echo2 bench staleness`
 
 
 def run(guard, stream):
@@ -200,11 +201,10 @@ def test_the_default_bounds_replayed_over_recorded_runs_pass_s4_and_flag_every_c
     from echo2cli.bench.staleness import replayed_flags
     from echo2cli.metrics import read_metrics
 
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    s4 = [r for r in read_metrics(docs / "bench_staleness_pairs" / "rows.jsonl") if r["staleness"] == 4]
+    s4 = [r for r in read_metrics(DOCS / "bench_staleness_pairs" / "rows.jsonl") if r["staleness"] == 4]
     assert len(s4) >= 49 and max(c for r in s4 for c in r["health"]["train/clipfrac"] if c is not None) > 0.15
     assert {r["name"]: replayed_flags(r) for r in s4} == {r["name"]: [] for r in s4}
-    collapsed = read_metrics(docs / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
+    collapsed = read_metrics(DOCS / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
     assert len(collapsed) == 5 and all(replayed_flags(r)[0] <= 4 for r in collapsed)
 
 
@@ -215,6 +215,6 @@ def test_the_replay_over_a_recorded_run_gives_the_verdicts_its_learner_logged():
     from echo2cli.bench.staleness import replayed_flags
     from echo2cli.metrics import read_metrics
 
-    rows = read_metrics(Path(__file__).resolve().parents[1] / "docs" / "bench_areal_skipflat" / "rows.jsonl")
+    rows = read_metrics(DOCS / "bench_areal_skipflat" / "rows.jsonl")
     assert len(rows) >= 15 and any(r["guard"] for r in rows)
     assert {r["name"]: replayed_flags(r) for r in rows} == {r["name"]: [g["step"] for g in r["guard"]] for r in rows}
