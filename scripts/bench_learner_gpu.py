@@ -262,7 +262,7 @@ def main(a: argparse.Namespace) -> None:
         "step_s": round(step_s, 3), "steps_s": [round(t, 3) for t in times],
         "tokens_per_s": round(rate), "mfu": round(6 * params * rate / (a.peak_tflops * 1e12), 4),
         "device": torch.cuda.get_device_name(device) if device is not None else "cpu",
-        "torch": torch.__version__, "baseline_trainer": "model" not in inspect.signature(Trainer.__init__).parameters,
+        "torch": torch.__version__, "baseline_trainer": ".baseline" in Path(inspect.getfile(Trainer)).parts,
         "attention": attention_kernel(device), "compile": a.compile,
         "bf16_head": getattr(getattr(trainer, "policy", None), "bf16_head", False),
     }  # fmt: skip
