@@ -99,9 +99,7 @@ def peak_bytes() -> int:
 
 def rank_main(a: argparse.Namespace) -> None:
     """One rank under torchrun: rank 0 drives the steps, the others follow; each writes its figures."""
-    import torch.distributed as dist
-
-    from echo2cli.learner.sharded import ShardedTrainer
+    from echo2cli.learner.sharded import ShardedTrainer, leave
 
     before = peak_bytes()
     trainer = ShardedTrainer(
@@ -131,8 +129,7 @@ def rank_main(a: argparse.Namespace) -> None:
     figures = {"rank": trainer.rank, "held_bytes": held_bytes(trainer), "peak_bytes": peak_bytes(), "times": times}
     figures["tokens"], figures["startup_bytes"] = tokens, startup
     (a.out / f"rank{trainer.rank}.json").write_text(json.dumps(figures))
-    if dist.is_initialized():  # `close` has left it on a clean finish
-        dist.destroy_process_group()
+    leave(0)  # not interpreter finalization, where gloo's threads can abort a finished rank (`leave`)
 
 
 def run_world(a: argparse.Namespace, model: Path, ranks: int, out: Path) -> list[dict]:
