@@ -648,7 +648,7 @@ class BenchStalenessConfig(_Config):
     """`echo2 bench staleness`."""
 
     staleness: str = Field("0,1,2,4,8", description="staleness bounds S to run, comma-separated (0 = synchronous)")
-    seeds: int = Field(2, ge=1, le=100, description="runs per setting, seeds --seed .. --seed + N - 1")
+    seeds: int = Field(2, ge=1, le=1000, description="runs per setting, seeds --seed .. --seed + N - 1")
     seed: int = Field(
         0,
         ge=0,

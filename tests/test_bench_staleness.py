@@ -29,6 +29,7 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     assert [run_name(s) for s in mb] == ["S1-token_tis-mb4-seed0"] and mb[0]["minibatches"] == 4
     more = [run_name(s) for s in settings(BenchStalenessConfig(staleness="0", seed=3, seeds=2))]
     assert more == ["S0-token_tis-seed3", "S0-token_tis-seed4"]  # more seeds on the same --out, later
+    assert len(settings(BenchStalenessConfig(staleness="0,4", seed=5, seeds=112))) == 224  # the pairs' tables
 
 
 def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
