@@ -196,13 +196,13 @@ def test_a_resume_that_changes_the_correction_gets_the_new_corrections_bound():
 
 def test_the_default_bounds_replayed_over_recorded_runs_pass_s4_and_flag_every_collapse_early():
     """The learner's default thresholds against health recorded by `echo2 bench staleness` (docs/): no S = 4 run
-    with token_tis is flagged, though 60 of 112 crossed the clip bound of 0.15 once only trained tokens counted, and
+    with token_tis is flagged, though 64 of 122 crossed the clip bound of 0.15 once only trained tokens counted, and
     each of the five uncorrected S = 16 runs that collapsed is flagged by step 4."""
     from echo2cli.bench.staleness import replayed_flags
     from echo2cli.metrics import read_metrics
 
     s4 = [r for r in read_metrics(DOCS / "bench_staleness_pairs" / "rows.jsonl") if r["staleness"] == 4]
-    assert len(s4) >= 112 and max(c for r in s4 for c in r["health"]["train/clipfrac"] if c is not None) > 0.15
+    assert len(s4) >= 122 and max(c for r in s4 for c in r["health"]["train/clipfrac"] if c is not None) > 0.15
     assert {r["name"]: replayed_flags(r) for r in s4} == {r["name"]: [] for r in s4}
     collapsed = read_metrics(DOCS / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
     assert len(collapsed) == 5 and all(replayed_flags(r)[0] <= 4 for r in collapsed)
