@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from echo2cli.errors import ConfigError
 from echo2cli.hardware import parse_cpus
 from echo2cli.learner.divergence import Thresholds, default_ess_min
+from echo2cli.learner.schedule import LrScheduleName
 from echo2cli.lora import DEFAULT_TARGETS
 from echo2cli.plan.model import kappa_problem
 from echo2cli.protocol import MAX_COMPLETION_TOKENS, MAX_PROMPT_TOKENS
@@ -65,6 +66,13 @@ def trainer_devices(ranks: int) -> list[str]:
     return visible[:ranks] if visible else [str(i) for i in range(ranks)]
 
 
+LR_SCHEDULE_HELP = (
+    "the learning rate after the warmup: constant, or linear or cosine decay from --lr towards --lr * "
+    "--lr-min-ratio at --steps (a resume that raises --steps stretches the decay)"
+)
+LR_WARMUP_HELP = "steps of linear warmup to --lr (step i of them takes --lr * (i + 1) / N)"
+LR_MIN_RATIO_HELP = "where linear and cosine decay head: this fraction of --lr"
+
 WireDtype = Literal["bf16", "fp16"]
 WIRE_DTYPE_HELP = (
     "what versions are published in, 2 bytes a weight either way: fp16 keeps 3 more bits of each weight (a step "
@@ -76,8 +84,9 @@ WIRE_DTYPE_HELP = (
 LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
     "Run": "model revision task out_dir steps seed checkpoint_every keep_versions_every report_to torch_threads "
     "train_cpus",
-    "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr clip_eps "
-    "is_cap kl_coef max_grad_norm micro_batch minibatches skip_flat_groups reward_timeout_s master_dither wire_dtype",
+    "GRPO": "prompts_per_step group_size max_new_tokens max_prompt_tokens temperature staleness kappa lr "
+    "lr_schedule lr_warmup_steps lr_min_ratio clip_eps is_cap kl_coef max_grad_norm micro_batch minibatches "
+    "skip_flat_groups reward_timeout_s master_dither wire_dtype",
     "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
     "guard_kl_max guard_clip_max",
     "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
@@ -134,7 +143,10 @@ class LearnerConfig(_Config):
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature on the workers")
     staleness: int = Field(2, ge=0, description="S: step t may train on rollouts of version x iff t - x <= S")
     kappa: int = Field(1, ge=1, description="publish a version every kappa steps (kappa <= max(1, S - 1))")
-    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
+    lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate (the peak, with a schedule)")
+    lr_schedule: LrScheduleName = Field("constant", description=LR_SCHEDULE_HELP)
+    lr_warmup_steps: int = Field(0, ge=0, description=LR_WARMUP_HELP)
+    lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description=LR_MIN_RATIO_HELP)
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
     master_dither: bool = Field(
         True,
@@ -356,6 +368,10 @@ class LearnerConfig(_Config):
     def _steps_fit(self) -> LearnerConfig:
         if problem := kappa_problem(self.kappa, self.staleness):
             raise ValueError(problem)
+        if self.lr_warmup_steps >= self.steps:
+            raise ValueError(
+                f"--lr-warmup-steps {self.lr_warmup_steps}: the warmup must end before --steps {self.steps}"
+            )
         if self.minibatches > self.prompts_per_step:
             raise ValueError(f"--minibatches {self.minibatches}: at most one per prompt (--prompts-per-step)")
         return self
@@ -674,6 +690,11 @@ class BenchStalenessConfig(_Config):
     group_size: int = Field(8, ge=2, description="G: samples per prompt")
     max_new_tokens: int = Field(16, ge=1, description="completion length cap")
     lr: float = Field(2e-5, gt=0.0, description="AdamW learning rate")
+    lr_schedule: LrScheduleName = Field(
+        "constant", description="the learners' --lr-schedule; a run's name says its schedule when not constant"
+    )
+    lr_warmup_steps: int = Field(0, ge=0, description="the learners' --lr-warmup-steps")
+    lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the learners' --lr-min-ratio")
     minibatches: int = Field(
         1,
         ge=1,

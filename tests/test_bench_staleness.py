@@ -30,6 +30,11 @@ def test_settings_cross_bounds_corrections_and_seeds_in_run_order():
     more = [run_name(s) for s in settings(BenchStalenessConfig(staleness="0", seed=3, seeds=2))]
     assert more == ["S0-token_tis-seed3", "S0-token_tis-seed4"]  # more seeds on the same --out, later
     assert len(settings(BenchStalenessConfig(staleness="0,4", seed=5, seeds=112))) == 224  # the pairs' tables
+    cosine = settings(BenchStalenessConfig(staleness="2", lr_schedule="cosine", lr_warmup_steps=2, lr_min_ratio=0.1))
+    assert [run_name(s) for s in cosine] == ["S2-token_tis-cosine-w2-m0.1-seed0", "S2-token_tis-cosine-w2-m0.1-seed1"]
+    assert run_name(settings(BenchStalenessConfig(staleness="0", seeds=1, lr_warmup_steps=3))[0]) == (
+        "S0-token_tis-constant-w3-seed0"
+    )
 
 
 def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
@@ -55,6 +60,7 @@ def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
         ({"lora_rank": "16,x"}, "comma-separated integers"),
         ({"lora_rank": "1024"}, "0 \\(the full model\\) to 512"),
         ({"minibatches": 5, "prompts_per_step": 4}, "--minibatches 5: at most one per prompt"),
+        ({"lr_warmup_steps": 20, "steps": 20}, "--lr-warmup-steps 20: the warmup must end before --steps 20"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs, message):

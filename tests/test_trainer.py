@@ -69,6 +69,29 @@ def test_a_step_makes_the_rewarded_completion_more_likely(tiny_model_dir):
     assert metrics["train/tokens"] == 8 and abs(metrics["train/is_weight_mean"] - 1) < 1e-4
 
 
+def test_each_step_takes_the_schedules_rate_for_the_version_it_trains(tiny_model_dir):
+    from echo2cli.learner.schedule import LrSchedule
+
+    sched = LrSchedule(1e-2, 10, "cosine", warmup_steps=2)
+    tr = make_trainer(tiny_model_dir, lr_schedule=sched)
+    prompt = [5, 6]
+    samples = [Sample(prompt_id=0, sample_idx=i, completion_token_ids=[20 + i], logprobs=[-1.0]) for i in range(2)]
+    for version in (0, 7):  # a resumed run's first step takes its version's rate, not the first step's
+        metrics = tr.step([Group(0, version, prompt, samples, [1.0, 0.0], "w")], version)
+        assert metrics["train/lr"] == sched.at(version) == tr.opt.param_groups[0]["lr"]
+    assert make_trainer(tiny_model_dir).step([Group(0, 0, prompt, samples, [1.0, 0.0], "w")], 3)["train/lr"] == 1e-2
+
+
+def test_the_learners_schedule_options_reach_its_trainer(tiny_model_dir):
+    from echo2cli.config import LearnerConfig, load_config
+    from echo2cli.learner.loop import build_trainer
+    from echo2cli.learner.schedule import LrSchedule
+
+    given = {"steps": 30, "lr": 3e-5, "lr_schedule": "linear", "lr_warmup_steps": 4, "lr_min_ratio": 0.1}
+    tr = build_trainer(load_config(LearnerConfig, None, given, "learner"), tiny_model_dir)
+    assert tr.lr_schedule == LrSchedule(3e-5, 30, "linear", 4, 0.1)
+
+
 def test_exported_weights_are_bf16_without_the_tied_head(tiny_model_dir, tmp_path):
     from safetensors import safe_open
 

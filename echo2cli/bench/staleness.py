@@ -67,6 +67,8 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
 
     if cfg.minibatches > cfg.prompts_per_step:
         raise ConfigError(f"--minibatches {cfg.minibatches}: at most one per prompt (--prompts-per-step)")
+    if cfg.lr_warmup_steps >= cfg.steps:
+        raise ConfigError(f"--lr-warmup-steps {cfg.lr_warmup_steps}: the warmup must end before --steps {cfg.steps}")
     versions = curve_versions(cfg)
     scored = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
     if cfg.score_versions > scored:
@@ -87,6 +89,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
             "seed": seed,
             "guard_ess_min": ess_min(m),
             "minibatches": cfg.minibatches,
+            "lr_schedule": schedule_spec(cfg),
         }
         for s in bounds
         for m in (modes[:1] if s == 0 else modes)
@@ -95,11 +98,20 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     ]
 
 
+def schedule_spec(cfg: BenchStalenessConfig) -> str:
+    """The learning rate schedule in a word: 'constant', else e.g. 'cosine-w2-m0.1' (warmup steps, floor ratio)."""
+    warmup = f"-w{cfg.lr_warmup_steps}" if cfg.lr_warmup_steps else ""
+    floor = f"-m{cfg.lr_min_ratio:g}" if cfg.lr_schedule != "constant" and cfg.lr_min_ratio else ""
+    return f"{cfg.lr_schedule}{warmup}{floor}"
+
+
 def run_name(setting: dict[str, Any]) -> str:
     adaptive = "-adaptive" if setting["adaptive"] else ""
     lora = f"-lora{setting['lora_rank']}" if setting.get("lora_rank") else ""
     minibatches = f"-mb{setting['minibatches']}" if setting.get("minibatches", 1) > 1 else ""
-    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}{lora}{minibatches}-seed{setting['seed']}"
+    schedule = setting.get("lr_schedule", "constant")
+    lr = "" if schedule == "constant" else f"-{schedule}"
+    return f"S{setting['staleness']}-{setting['off_policy']}{adaptive}{lora}{minibatches}{lr}-seed{setting['seed']}"
 
 
 CORES = os.cpu_count() or 1
@@ -125,6 +137,9 @@ def train(cfg: BenchStalenessConfig, setting: dict[str, Any], out: Path) -> floa
         staleness=setting["staleness"],
         kappa=1,
         lr=(cfg.lora_lr or 10 * cfg.lr) if setting["lora_rank"] else cfg.lr,
+        lr_schedule=cfg.lr_schedule,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        lr_min_ratio=cfg.lr_min_ratio,
         lora_rank=setting["lora_rank"] or None,
         kl_coef=cfg.kl_coef,
         wire_dtype=cfg.wire_dtype,

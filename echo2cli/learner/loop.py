@@ -56,6 +56,7 @@ from echo2cli.learner.records import (
     delta_metrics,
     usd_per_hour,
 )
+from echo2cli.learner.schedule import LrSchedule
 from echo2cli.learner.server import bind_socket, build_app, serving
 from echo2cli.learner.sharded import ShardedTrainer, closed_on_success, under_torchrun
 from echo2cli.learner.trainer import Trainer
@@ -166,6 +167,7 @@ def build_trainer(cfg: LearnerConfig, model_dir: Path) -> Trainer:
         lora=lora_spec(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets),
         dither_seed=cfg.seed if cfg.master_dither else None,
         wire_dtype=WIRE_DTYPES[cfg.wire_dtype],
+        lr_schedule=LrSchedule(cfg.lr, cfg.steps, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_min_ratio),
     )
 
 

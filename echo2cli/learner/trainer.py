@@ -42,6 +42,7 @@ from echo2cli.learner.batching import micro_batches, mini_batches
 from echo2cli.learner.grpo import PROXIMAL_MODES, compute_advantages, flat_groups, grpo_loss, worst_tokens
 from echo2cli.learner.packing import Pack, use_packed_attention, varlen_mode
 from echo2cli.learner.rounding import as_published, dither_master, read_at_fp32
+from echo2cli.learner.schedule import LrSchedule
 from echo2cli.learner.types import Group
 from echo2cli.lora import adapter_state, attach_adapters, base_state_published, load_adapters, save_adapters
 from echo2cli.protocol import LoraSpec, Sample
@@ -362,6 +363,7 @@ class Trainer:
         wire_dtype: torch.dtype = torch.bfloat16,
         minibatches: int = 1,
         skip_flat_groups: bool = True,
+        lr_schedule: LrSchedule | None = None,
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose ratio to
         the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too. A micro-batch holds at most
@@ -372,7 +374,8 @@ class Trainer:
         frozen model. `model`: a causal LM to train instead of `model_dir`'s. `bf16`: compute in bf16 (autocast in one
         process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX).
         `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`:
-        `adamw`. `wire_dtype`: `_checked_wire`. `minibatches`: optimizer steps a batch. `skip_flat_groups`: see top."""
+        `adamw`. `wire_dtype`: `_checked_wire`. `minibatches`: optimizer steps a batch. `skip_flat_groups`: see top.
+        `lr_schedule`: the rate of each step, by the version it trains (`schedule.py`); None: `lr` throughout."""
         self.device = _training_device(device)
         self.model = self._policy_model(model_dir, model).train()
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
@@ -390,6 +393,7 @@ class Trainer:
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
         self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed, wire_dtype)
+        self.lr_schedule = lr_schedule
         self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch, self.minibatches = max_grad_norm, micro_batch, minibatches
@@ -428,6 +432,7 @@ class Trainer:
         stay on the device through the micro-batches and are read back once, at the end. Flat groups: module
         docstring."""
         t0 = time.perf_counter()
+        lr = self._set_lr(version)
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
         flat = flat_groups(rewards).tolist() if self.skip_flat else [False] * len(groups)
@@ -451,7 +456,14 @@ class Trainer:
         sums, outliers = read_back(parts, lags, origin)
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
         tokens = (total_tokens, trained_tokens)
-        return step_report(self._reduce_metrics(sums), tokens, norms, self.outliers, advantages, t0)
+        return {**step_report(self._reduce_metrics(sums), tokens, norms, self.outliers, advantages, t0), "train/lr": lr}
+
+    def _set_lr(self, version: int | None) -> float:
+        """The schedule's rate for the step that trains `version` (on every rank alike: `step` is told it)."""
+        if self.lr_schedule is not None and version is not None:
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr_schedule.at(version)
+        return float(self.opt.param_groups[0]["lr"])
 
     def _plan(self, rows: list, selected: list[int], group_of: list[int], flat: list[bool]) -> tuple[int, int, list]:
         """A mini-batch (`selected` rows): its completion tokens over every rank, those of its rows to train (not
