@@ -13,6 +13,7 @@ LIMITS = Thresholds(ess_min=0.5, kl_max=0.1, clip_max=0.3)
 HEALTHY = {"train/is_ess": 0.9, "train/kl_behaviour": 0.01, "train/clipfrac": 0.05}
 COLLAPSED = {**HEALTHY, "train/is_ess": 0.2}
 DOCS = Path(__file__).resolve().parents[1] / "docs"  # rows recorded by `echo2 bench staleness`
+S2_PAIRS = 68  # S = 2 rows in docs/bench_staleness_pairs: seeds 5-72
 
 
 def run(guard, stream):
@@ -195,15 +196,17 @@ def test_a_resume_that_changes_the_correction_gets_the_new_corrections_bound():
 
 
 def test_the_default_bounds_replayed_over_recorded_runs_pass_s4_and_flag_every_collapse_early():
-    """The learner's default thresholds against health recorded by `echo2 bench staleness` (docs/): no S = 4 run
-    with token_tis is flagged, though 64 of 122 crossed the clip bound of 0.15 once only trained tokens counted, and
-    each of the five uncorrected S = 16 runs that collapsed is flagged by step 4."""
+    """The learner's default thresholds against health recorded by `echo2 bench staleness` (docs/): no S = 2 or S = 4
+    run with token_tis is flagged, though 64 of 122 at S = 4 crossed the clip bound of 0.15 once only trained tokens
+    counted, and each of the five uncorrected S = 16 runs that collapsed is flagged by step 4."""
     from echo2cli.bench.staleness import replayed_flags
     from echo2cli.metrics import read_metrics
 
-    s4 = [r for r in read_metrics(DOCS / "bench_staleness_pairs" / "rows.jsonl") if r["staleness"] == 4]
+    rows = read_metrics(DOCS / "bench_staleness_pairs" / "rows.jsonl")
+    s4, s2 = ([r for r in rows if r["staleness"] == s] for s in (4, 2))
     assert len(s4) >= 122 and max(c for r in s4 for c in r["health"]["train/clipfrac"] if c is not None) > 0.15
-    assert {r["name"]: replayed_flags(r) for r in s4} == {r["name"]: [] for r in s4}
+    assert len(s2) >= S2_PAIRS
+    assert {r["name"]: replayed_flags(r) for r in s4 + s2} == {r["name"]: [] for r in s4 + s2}
     collapsed = read_metrics(DOCS / "bench_collapse_skipflat" / "warn" / "rows.jsonl")
     assert len(collapsed) == 5 and all(replayed_flags(r)[0] <= 4 for r in collapsed)
 
