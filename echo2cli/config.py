@@ -72,6 +72,12 @@ LR_SCHEDULE_HELP = (
 )
 LR_WARMUP_HELP = "steps of linear warmup to --lr (step i of them takes --lr * (i + 1) / N)"
 LR_MIN_RATIO_HELP = "where linear and cosine decay head: this fraction of --lr"
+MASTER_DITHER_HELP = (
+    "start each fp32 master weight at a random point of its rounding interval in the wire dtype (version 0 is "
+    "unchanged): a step smaller than half an ulp then reaches the published policy on average, instead of being "
+    "lost until the master has moved half an ulp"
+)
+SKIP_FLAT_HELP = "no pass over a group whose rewards are all equal: advantage 0, no gradient (without --kl-coef)"
 
 WireDtype = Literal["bf16", "fp16"]
 WIRE_DTYPE_HELP = (
@@ -148,12 +154,7 @@ class LearnerConfig(_Config):
     lr_warmup_steps: int = Field(0, ge=0, description=LR_WARMUP_HELP)
     lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description=LR_MIN_RATIO_HELP)
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip")
-    master_dither: bool = Field(
-        True,
-        description="start each fp32 master weight at a random point of its rounding interval in the wire dtype "
-        "(version 0 is unchanged): a step smaller than half an ulp then reaches the published policy on average, "
-        "instead of being lost until the master has moved half an ulp",
-    )
+    master_dither: bool = Field(True, description=MASTER_DITHER_HELP)
     wire_dtype: WireDtype = Field("bf16", description=WIRE_DTYPE_HELP)
     is_cap: float = Field(
         3.0, gt=1.0, description="C: importance-weight truncation (dual clip), or the mask bound of seq_mask/decoupled"
@@ -196,10 +197,7 @@ class LearnerConfig(_Config):
         "most --prompts-per-step). Above 1, seq_mask, geo_mask, decoupled and none take PPO's ratio against the policy "
         "at the batch's start, so its clip bounds how far a batch moves the policy",
     )
-    skip_flat_groups: bool = Field(
-        True,
-        description="no pass over a group whose rewards are all equal: advantage 0, no gradient (without --kl-coef)",
-    )
+    skip_flat_groups: bool = Field(True, description=SKIP_FLAT_HELP)
     max_tokens_per_micro_batch: int = Field(
         0, ge=0, description="padded tokens per forward/backward pass, for long completions (0 = no token budget)"
     )
@@ -369,9 +367,7 @@ class LearnerConfig(_Config):
         if problem := kappa_problem(self.kappa, self.staleness):
             raise ValueError(problem)
         if self.lr_warmup_steps >= self.steps:
-            raise ValueError(
-                f"--lr-warmup-steps {self.lr_warmup_steps}: the warmup must end before --steps {self.steps}"
-            )
+            raise ValueError(f"--lr-warmup-steps {self.lr_warmup_steps} must be less than --steps {self.steps}")
         if self.minibatches > self.prompts_per_step:
             raise ValueError(f"--minibatches {self.minibatches}: at most one per prompt (--prompts-per-step)")
         return self

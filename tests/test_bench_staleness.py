@@ -60,7 +60,7 @@ def test_a_guard_bound_given_to_the_bench_goes_to_each_setting_and_its_replay():
         ({"lora_rank": "16,x"}, "comma-separated integers"),
         ({"lora_rank": "1024"}, "0 \\(the full model\\) to 512"),
         ({"minibatches": 5, "prompts_per_step": 4}, "--minibatches 5: at most one per prompt"),
-        ({"lr_warmup_steps": 20, "steps": 20}, "--lr-warmup-steps 20: the warmup must end before --steps 20"),
+        ({"lr_warmup_steps": 20, "steps": 20}, "--lr-warmup-steps 20 must be less than --steps 20"),
     ],
 )
 def test_bad_settings_are_one_line_errors(kwargs, message):

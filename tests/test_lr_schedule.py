@@ -38,7 +38,7 @@ def test_a_resumed_run_continues_the_same_curve():
 
 
 def test_a_warmup_as_long_as_the_run_is_a_one_line_error():
-    with pytest.raises(ConfigError, match="--lr-warmup-steps 20: the warmup must end before --steps 20"):
+    with pytest.raises(ConfigError, match="--lr-warmup-steps 20 must be less than --steps 20"):
         load_config(LearnerConfig, None, {"steps": 20, "lr_warmup_steps": 20}, "learner")
     cfg = load_config(LearnerConfig, None, {"steps": 20, "lr_schedule": "cosine", "lr_warmup_steps": 2}, "learner")
     assert (cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_min_ratio) == ("cosine", 2, 0.0)

@@ -68,7 +68,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     if cfg.minibatches > cfg.prompts_per_step:
         raise ConfigError(f"--minibatches {cfg.minibatches}: at most one per prompt (--prompts-per-step)")
     if cfg.lr_warmup_steps >= cfg.steps:
-        raise ConfigError(f"--lr-warmup-steps {cfg.lr_warmup_steps}: the warmup must end before --steps {cfg.steps}")
+        raise ConfigError(f"--lr-warmup-steps {cfg.lr_warmup_steps} must be less than --steps {cfg.steps}")
     versions = curve_versions(cfg)
     scored = len(versions) + (not versions or versions[-1] != cfg.steps)  # and the final checkpoint, if apart
     if cfg.score_versions > scored:

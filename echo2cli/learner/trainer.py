@@ -324,6 +324,14 @@ def read_back(
     return sums, outliers
 
 
+def scheduled_lr(opt: torch.optim.Optimizer, schedule: LrSchedule | None, version: int | None) -> float:
+    """The rate of the step that trains `version`, set on `opt` (alike on every rank: `step` is told `version`)."""
+    if schedule is not None and version is not None:
+        for group in opt.param_groups:
+            group["lr"] = schedule.at(version)
+    return float(opt.param_groups[0]["lr"])
+
+
 def adamw(
     model: torch.nn.Module, lr: float, fused: bool, dither_seed: int | None, wire: torch.dtype = torch.bfloat16
 ) -> torch.optim.AdamW:
@@ -363,7 +371,7 @@ class Trainer:
         wire_dtype: torch.dtype = torch.bfloat16,
         minibatches: int = 1,
         skip_flat_groups: bool = True,
-        lr_schedule: LrSchedule | None = None,
+        lr_schedule: LrSchedule | None = None,  # each step's rate, by its version (`schedule.py`); None: `lr`
     ) -> None:
         """`temperature`: the workers' sampling T. Tokens were drawn from softmax(z / T), so the policy whose ratio to
         the behaviour policy is taken, and which the gradient moves, is softmax(z / T) too. A micro-batch holds at most
@@ -374,14 +382,12 @@ class Trainer:
         frozen model. `model`: a causal LM to train instead of `model_dir`'s. `bf16`: compute in bf16 (autocast in one
         process, bf16 layers under FSDP2); None = where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX).
         `compile`: each decoder layer through `torch.compile` at the first step (`compile_layers`). `dither_seed`:
-        `adamw`. `wire_dtype`: `_checked_wire`. `minibatches`: optimizer steps a batch. `skip_flat_groups`: see top.
-        `lr_schedule`: the rate of each step, by the version it trains (`schedule.py`); None: `lr` throughout."""
+        `adamw`. `wire_dtype`: `_checked_wire`. `minibatches`: optimizer steps a batch. `skip_flat_groups`: see top."""
         self.device = _training_device(device)
         self.model = self._policy_model(model_dir, model).train()
         self.autocast = _autocast_ok(self.device) if bf16 is None else bf16
         self.wire_dtype = _checked_wire(wire_dtype, self.autocast)
-        self.lora = lora  # adapters injected into self.model's layers, everything else frozen:
-        self.peft = attach_adapters(self.model, lora) if lora is not None else None
+        self.lora, self.peft = lora, attach_adapters(self.model, lora) if lora is not None else None  # rest frozen
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ref = self._reference_model(model_dir) if kl_coef > 0 and self.peft is None else None
@@ -393,8 +399,7 @@ class Trainer:
         self.ref = None if ref is None else self._placed(TokenLogp(ref, share_prompts, bf16_head), model_dir)
         self.rounded = read_at_fp32(self.model, self.autocast)  # computed with as published (`rounding.py`)
         self.opt = adamw(self.model, lr, self.device.type == "cuda", dither_seed, wire_dtype)
-        self.lr_schedule = lr_schedule
-        self.clip_eps, self.is_cap, self.kl_coef = clip_eps, is_cap, kl_coef
+        self.clip_eps, self.is_cap, self.kl_coef, self.lr_schedule = clip_eps, is_cap, kl_coef, lr_schedule
         self.off_policy, self.geo_low, self.geo_high = off_policy, geo_low, geo_high
         self.max_grad_norm, self.micro_batch, self.minibatches = max_grad_norm, micro_batch, minibatches
         self.max_tokens_per_micro_batch, self.temperature = max_tokens_per_micro_batch, temperature
@@ -432,7 +437,7 @@ class Trainer:
         stay on the device through the micro-batches and are read back once, at the end. Flat groups: module
         docstring."""
         t0 = time.perf_counter()
-        lr = self._set_lr(version)
+        lr = scheduled_lr(self.opt, self.lr_schedule, version)
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
         advantages = compute_advantages(rewards).flatten()
         flat = flat_groups(rewards).tolist() if self.skip_flat else [False] * len(groups)
@@ -457,13 +462,6 @@ class Trainer:
         self.outliers = sorted(self._gather(outliers), key=lambda o: -abs(o["log_w"]))[:5]
         tokens = (total_tokens, trained_tokens)
         return {**step_report(self._reduce_metrics(sums), tokens, norms, self.outliers, advantages, t0), "train/lr": lr}
-
-    def _set_lr(self, version: int | None) -> float:
-        """The schedule's rate for the step that trains `version` (on every rank alike: `step` is told it)."""
-        if self.lr_schedule is not None and version is not None:
-            for group in self.opt.param_groups:
-                group["lr"] = self.lr_schedule.at(version)
-        return float(self.opt.param_groups[0]["lr"])
 
     def _plan(self, rows: list, selected: list[int], group_of: list[int], flat: list[bool]) -> tuple[int, int, list]:
         """A mini-batch (`selected` rows): its completion tokens over every rank, those of its rows to train (not
