@@ -25,6 +25,14 @@ evaluation; S = 0 with one worker is echo2 run synchronously, as TRL is):
     .venv/bin/echo2 bench staleness --staleness 0 --lr 1e-5 --eval-limit 200 --eval-every 4 --out runs/sync
     .venv/bin/python scripts/bench_vs_trl.py --skip-echo2 --trl-lrs 1e-5 --echo2-runs runs/sync --out runs/vs-trl
 
+`--trl-lr-schedule linear|cosine` (with `--trl-lr-warmup-steps`, `--trl-lr-min-ratio`) gives TRL's steps the
+rates echo2's learner takes under the same `--lr-schedule` options (`echo2cli/learner/schedule.py`, set before
+each optimizer step), so that a scheduled echo2 run from `echo2 bench staleness` meets TRL on the same curve:
+
+    .venv/bin/echo2 bench staleness --staleness 2 --lr 2e-5 --lr-schedule cosine --lr-min-ratio 0.1 ... --out runs/cos
+    .venv/bin/python scripts/bench_vs_trl.py --skip-echo2 --trl-lrs 1e-5 --trl-lr-schedule cosine \
+        --trl-lr-min-ratio 0.1 --echo2-runs runs/cos --out runs/vs-trl-cos
+
 Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones, so more seeds or rates can be added
 to the same OUT later); the tables are printed and OUT/vs_trl.png drawn at the end.
 """
@@ -41,8 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from echo2cli.bench.staleness import prune
+from echo2cli.bench.staleness import prune, schedule_spec
 from echo2cli.config import DemoConfig
+from echo2cli.learner.schedule import LrSchedule
 from echo2cli.metrics import read_metrics
 
 B, G, MAX_NEW_TOKENS, STEPS = 4, 8, 16, 20
@@ -118,9 +127,27 @@ def rounded_policy() -> Any:
     return RoundedPolicy()
 
 
-def run_trl(out: Path, seed: int, lr: float, steps: int, rounded: bool = False) -> dict[str, Any]:
+def scheduled_rate(schedule: LrSchedule, applied: list[float]) -> Any:
+    """A TrainerCallback giving each optimizer step echo2's rate for that step (`LrSchedule.at`), set just before
+    the step (TRL's constant scheduler puts the base rate back after it); each rate set is appended to `applied`."""
+    from transformers import TrainerCallback
+
+    class Scheduled(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kw: Any) -> None:
+            rate = schedule.at(state.global_step)
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            applied.append(rate)
+
+    return Scheduled()
+
+
+def run_trl(
+    out: Path, seed: int, lr: float, steps: int, rounded: bool = False, schedule: LrSchedule | None = None
+) -> dict[str, Any]:
     """TRL's GRPOTrainer with echo2's settings; wall time of `train()` (model load excluded). `rounded`: its
-    policy rounded to bf16 as echo2's is (`rounded_policy`); the saved model is then the rounded one."""
+    policy rounded to bf16 as echo2's is (`rounded_policy`); the saved model is then the rounded one. `schedule`:
+    each step's rate from echo2's schedule (`scheduled_rate`) instead of the constant `lr`."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -142,6 +169,8 @@ def run_trl(out: Path, seed: int, lr: float, steps: int, rounded: bool = False) 
         ]
 
     times: list[float] = []
+    rates: list[float] = []
+    scheduled = [scheduled_rate(schedule, rates)] if schedule else []
 
     class StepClock(TrainerCallback):
         def on_step_end(self, *a: Any, **kw: Any) -> None:
@@ -185,7 +214,7 @@ def run_trl(out: Path, seed: int, lr: float, steps: int, rounded: bool = False) 
         args=args,
         train_dataset=data,
         processing_class=tok,
-        callbacks=[StepClock(), *([rounded_policy()] if rounded else [])],
+        callbacks=[StepClock(), *([rounded_policy()] if rounded else []), *scheduled],
     )
     t0 = time.time()
     trainer.train()
@@ -193,7 +222,8 @@ def run_trl(out: Path, seed: int, lr: float, steps: int, rounded: bool = False) 
     trainer.save_model(str(out / "final"))
     tok.save_pretrained(out / "final")
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"wall_s": wall, "reward": rewards, "step_s": [b - a for a, b in zip([t0, *times], times, strict=False)]}
+    step_s = [b - a for a, b in zip([t0, *times], times, strict=False)]
+    return {"wall_s": wall, "reward": rewards, "step_s": step_s} | ({"lr_steps": rates} if schedule else {})
 
 
 def main() -> None:
@@ -221,6 +251,14 @@ def main() -> None:
         help="also run TRL at these rates with its policy rounded to bf16 as echo2's is (side trl-bf16): "
         "sampled and scored on its fp32 weights rounded, stepped on the fp32 master",
     )
+    p.add_argument(
+        "--trl-lr-schedule",
+        choices=["constant", "linear", "cosine"],
+        default="constant",
+        help="TRL's rate over its steps, as echo2's learner's --lr-schedule; a side not constant is named after it",
+    )
+    p.add_argument("--trl-lr-warmup-steps", type=int, default=0, help="as echo2's --lr-warmup-steps")
+    p.add_argument("--trl-lr-min-ratio", type=float, default=0.0, help="as echo2's --lr-min-ratio")
     p.add_argument("--skip-echo2", action="store_true")
     p.add_argument(
         "--echo2-runs",
@@ -228,9 +266,14 @@ def main() -> None:
         action="append",
         default=[],
         help="also report the runs of this `echo2 bench staleness` OUT as echo2 sides (e.g. S = 0 and one worker, "
-        "synchronous as TRL is), each named by its staleness and wire dtype; repeatable",
+        "synchronous as TRL is), each named by its staleness, wire dtype and a schedule that is not constant; "
+        "repeatable",
     )
     a = p.parse_args()
+    if not 0 <= a.trl_lr_warmup_steps < a.steps:
+        p.error(f"--trl-lr-warmup-steps {a.trl_lr_warmup_steps} must be at least 0 and less than --steps {a.steps}")
+    spec = schedule_spec(a.trl_lr_schedule, a.trl_lr_warmup_steps, a.trl_lr_min_ratio)
+    trl_sides = [side if spec == "constant" else f"{side} {spec}" for side in ("trl", "trl-bf16")]
     for out in a.echo2_runs:
         if not (out / "rows.jsonl").is_file():
             p.error(f"--echo2-runs {out}: no rows.jsonl there; give the OUT of an `echo2 bench staleness` run")
@@ -239,10 +282,10 @@ def main() -> None:
     done = {r["name"] for r in map(json.loads, rows_path.read_text().splitlines())} if rows_path.exists() else set()
     seeds = [int(s) for s in a.seeds.split(",")]
     plan = [] if a.skip_echo2 else [("echo2", float(lr), s) for lr in a.echo2_lrs.split(",") for s in seeds]
-    plan += [("trl", float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
-    plan += [("trl-bf16", float(lr), s) for lr in a.trl_bf16_lrs.split(",") if lr for s in seeds]
+    plan += [(trl_sides[0], float(lr), s) for lr in a.trl_lrs.split(",") for s in seeds]
+    plan += [(trl_sides[1], float(lr), s) for lr in a.trl_bf16_lrs.split(",") if lr for s in seeds]
     for side, lr, seed in plan:
-        name = f"{side}-lr{lr:g}-seed{seed}"
+        name = f"{side.replace(' ', '-')}-lr{lr:g}-seed{seed}"
         if name in done:
             continue
         out = a.out / name
@@ -252,7 +295,12 @@ def main() -> None:
             res["eval_curve"] = echo2_curve(out, {**res, "steps": a.steps}, ev, a.eval_every, a.eval_limit)
             prune(out)  # versions, workers' copies and checkpoints: ~6 GB a run
         else:
-            res = run_trl(out, seed, lr, a.steps, rounded=side == "trl-bf16")
+            schedule = (
+                None
+                if spec == "constant"
+                else LrSchedule(lr, a.steps, a.trl_lr_schedule, a.trl_lr_warmup_steps, a.trl_lr_min_ratio)
+            )
+            res = run_trl(out, seed, lr, a.steps, rounded=side.startswith("trl-bf16"), schedule=schedule)
             ev = evaluate(
                 ["--model", str(out / "final"), "--max-new-tokens", str(MAX_NEW_TOKENS)], a.eval_limit, a.eval_k
             )
@@ -270,13 +318,17 @@ def main() -> None:
 
 def staleness_rows(out: Path) -> list[dict[str, Any]]:
     """echo2's side from the runs of an `echo2 bench staleness` OUT, in this script's row form: the side named
-    by the run's staleness and wire dtype, the learning rate from its config.json, the wall time from the
-    learner's start to its last step (as the demo's summary counts it), the curve as scored after the run, ending
-    with the final version (the bench's curve has it only where `--eval-every` divides the steps)."""
+    by the run's staleness, wire dtype and learning rate schedule (when not constant), the learning rate from its
+    config.json, the wall time from the learner's start to its last step (as the demo's summary counts it), the
+    curve as scored after the run, ending with the final version (the bench's curve has it only where
+    `--eval-every` divides the steps)."""
     rows = []
     for r in read_metrics(out / "rows.jsonl"):
         cfg = json.loads((out / r["name"] / "config.json").read_text())
-        side = f"echo2 S={cfg['staleness']} {cfg['wire_dtype']}"
+        spec = schedule_spec(
+            cfg.get("lr_schedule", "constant"), cfg.get("lr_warmup_steps", 0), cfg.get("lr_min_ratio", 0)
+        )
+        side = f"echo2 S={cfg['staleness']} {cfg['wire_dtype']}" + ("" if spec == "constant" else f" {spec}")
         curve = [c for c in r["eval_curve"] if c["version"] < r["steps"]]  # the final version, once, last:
         curve.append({"version": r["steps"], "greedy_accuracy": r["eval_greedy_accuracy"], "time_s": r["train_s"]})
         rows.append(
@@ -327,7 +379,8 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
             continue
         for (other, trl_lr), runs in sorted(keyed.items()):
             if other.startswith("trl"):
-                label = f"{trl_lr:g}" + (" (bf16 policy)" if other == "trl-bf16" else "")
+                kind, _, spec = other.partition(" ")
+                label = f"{trl_lr:g}" + (f", {spec}" if spec else "") + (" (bf16 policy)" if kind == "trl-bf16" else "")
                 echo2_label = f"{echo2_lr:g}" + side.removeprefix("echo2").replace(" ", ", ")
                 print(f"| {echo2_label} | {label} | {paired_cells(echo2, runs)} |")
 

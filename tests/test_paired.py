@@ -236,3 +236,50 @@ def test_trl_with_echo2s_numerics_samples_rounded_weights_and_steps_the_fp32_mas
     assert torch.equal(model.weight.data, (master + 1e-5).bfloat16().float())
     callback.on_pre_optimizer_step(None, None, None, model=model)
     assert torch.equal(model.weight.data, master + 1e-5)  # a step below a bf16 ulp is kept in the master
+
+
+def test_trl_takes_echo2s_scheduled_rate_at_each_optimizer_step():
+    from types import SimpleNamespace
+
+    import torch
+
+    from echo2cli.learner.schedule import LrSchedule
+
+    bench = load_bench_vs_trl()
+    schedule = LrSchedule(2e-5, 10, "cosine", warmup_steps=2, min_ratio=0.1)
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=2e-5)
+    applied: list[float] = []
+    callback = bench.scheduled_rate(schedule, applied)
+    for step in range(10):  # the trainer's global_step before its optimizer step: the 0-based step
+        callback.on_pre_optimizer_step(None, SimpleNamespace(global_step=step), None, optimizer=optimizer)
+        assert optimizer.param_groups[0]["lr"] == schedule.at(step)
+        optimizer.param_groups[0]["lr"] = 2e-5  # as TRL's constant scheduler puts it back after the step
+    assert applied == [schedule.at(step) for step in range(10)]
+    assert applied[0] == 1e-5 and applied[1] == 2e-5 and applied[-1] < 0.2 * 2e-5
+
+
+def test_scheduled_sides_are_named_after_their_schedule(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    import pytest
+
+    bench = load_bench_vs_trl()
+    (tmp_path / "S2-token_tis-cosine-m0.1-seed0").mkdir()
+    config = {"staleness": 2, "wire_dtype": "bf16", "lr": 2e-5, "lr_schedule": "cosine", "lr_min_ratio": 0.1}
+    (tmp_path / "S2-token_tis-cosine-m0.1-seed0" / "config.json").write_text(json.dumps(config))
+    row = {"name": "S2-token_tis-cosine-m0.1-seed0", "seed": 0, "steps": 20, "reward": [0.5] * 20}
+    row |= {"time_s": [10.0 * i for i in range(20)], "train_s": 200.0, "eval_curve": []}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row | {"eval_greedy_accuracy": 0.8, "eval_pass_at_k": 0.8}))
+    echo2 = bench.staleness_rows(tmp_path)
+    assert echo2[0]["side"] == "echo2 S=2 bf16 cosine-m0.1"
+    trl = {"name": "t0", "side": "trl cosine-m0.1", "lr": 1e-5, "seed": 0, "steps": 20, "wall_s": 400.0}
+    trl |= {"greedy_accuracy": 0.75, "pass_at_k": 0.8, "reward": [0.5] * 20, "step_s": [20.0] * 20}
+    bench.report([*echo2, trl])
+    cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
+    assert cells[:2] == ["2e-05, S=2, bf16, cosine-m0.1", "1e-05, cosine-m0.1"]
+    argv = ["bench_vs_trl.py", "--trl-lr-schedule", "cosine", "--trl-lr-warmup-steps", "20", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:  # a warmup that never ends: one line before anything runs
+        bench.main()
+    assert stop.value.code == 2 and "--trl-lr-warmup-steps 20" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -89,7 +89,7 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
             "seed": seed,
             "guard_ess_min": ess_min(m),
             "minibatches": cfg.minibatches,
-            "lr_schedule": schedule_spec(cfg),
+            "lr_schedule": schedule_spec(cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_min_ratio),
         }
         for s in bounds
         for m in (modes[:1] if s == 0 else modes)
@@ -98,11 +98,11 @@ def settings(cfg: BenchStalenessConfig) -> list[dict[str, Any]]:
     ]
 
 
-def schedule_spec(cfg: BenchStalenessConfig) -> str:
+def schedule_spec(name: str, warmup_steps: int, min_ratio: float) -> str:
     """The learning rate schedule in a word: 'constant', else e.g. 'cosine-w2-m0.1' (warmup steps, floor ratio)."""
-    warmup = f"-w{cfg.lr_warmup_steps}" if cfg.lr_warmup_steps else ""
-    floor = f"-m{cfg.lr_min_ratio:g}" if cfg.lr_schedule != "constant" and cfg.lr_min_ratio else ""
-    return f"{cfg.lr_schedule}{warmup}{floor}"
+    warmup = f"-w{warmup_steps}" if warmup_steps else ""
+    floor = f"-m{min_ratio:g}" if name != "constant" and min_ratio else ""
+    return f"{name}{warmup}{floor}"
 
 
 def run_name(setting: dict[str, Any]) -> str:
