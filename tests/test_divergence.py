@@ -13,7 +13,7 @@ LIMITS = Thresholds(ess_min=0.5, kl_max=0.1, clip_max=0.3)
 HEALTHY = {"train/is_ess": 0.9, "train/kl_behaviour": 0.01, "train/clipfrac": 0.05}
 COLLAPSED = {**HEALTHY, "train/is_ess": 0.2}
 DOCS = Path(__file__).resolve().parents[1] / "docs"  # rows recorded by `echo2 bench staleness`
-S2_PAIRS = 100  # S = 2 rows in docs/bench_staleness_pairs: seeds 5-104
+S2_PAIRS = 118  # S = 2 rows in docs/bench_staleness_pairs: seeds 5-122
 
 
 def run(guard, stream):
