@@ -1,8 +1,10 @@
 """Cost-aware activation with real processes: a cheap slow worker and an expensive fast one join a learner.
 
-The slow worker is throttled to 0.25 rollouts/s at $0.25/h (rho = 2.8e-4 $/rollout); the fast one runs
+The slow worker is throttled to 0.5 rollouts/s at $0.5/h (rho = 2.8e-4 $/rollout); the fast one runs
 vLLM unthrottled at $1/h, so it is cheaper per rollout whenever it makes more than 1 rollout/s, and alone
-it covers gamma*mu_min of this small run (B = 16 rollouts per step of several seconds). Every decision
+it covers gamma*mu_min of this small run (B = 16 rollouts per step of a few seconds). The slow worker's
+lease is one prompt (4 rollouts, 8 s), so it comes back within the run even when the fast worker makes a
+step every 3 s, and S = STEPS, so no lease can come back stale. Every decision
 the learner logs must be the one `plan()` makes from the measurements it logged, and a worker on standby
 must get no lease until a later decision wakes it.
 """
@@ -42,8 +44,7 @@ def run(tmp_path_factory):
             "--max-new-tokens",
             "8",
             "-S",
-            "6",  # the slow worker's 2-prompt lease takes ~32 s, 4-5 steps: at S = 3 it could come back stale
-            #       (measured 0 rollouts/s) and the run end before a second one was measured
+            str(STEPS),  # a stale lease is measured at 0 rollouts/s: the slow worker would never be planned for
             "--port",
             str(port),
             "--bt-listen",
@@ -62,8 +63,8 @@ def run(tmp_path_factory):
     wait_listening(learner, out)
     url = f"http://127.0.0.1:{port}"
     specs = {
-        "cheap-slow": ["--usd-per-hour", "0.25", "--max-rollouts-per-s", "0.25"],
-        "pricey-fast": ["--usd-per-hour", "1.0"],
+        "cheap-slow": ["--usd-per-hour", "0.5", "--max-rollouts-per-s", "0.5", "--prompts-per-lease", "1"],
+        "pricey-fast": ["--usd-per-hour", "1.0", "--prompts-per-lease", "2"],
     }
     workers = [
         spawn(
@@ -77,8 +78,6 @@ def run(tmp_path_factory):
                 str(out / name),
                 "--bt-listen",
                 "127.0.0.1:0",
-                "--prompts-per-lease",
-                "2",
                 "--kv-cache-gib",
                 "0.5",
                 *extra,
@@ -116,7 +115,7 @@ def test_cheap_slow_worker_stands_by_while_the_fast_one_is_cheaper_per_rollout(r
     assert both, "no decision saw both workers' throughput"
     last = both[-1]
     mu = {w["name"]: w["rollouts_per_s"] for w in last["workers"]}
-    assert mu["cheap-slow"] <= 0.26 and mu["pricey-fast"] > 1  # the throttle held; fast is cheaper per rollout
+    assert mu["cheap-slow"] <= 0.51 and mu["pricey-fast"] > 1  # the throttle held; fast is cheaper per rollout
     assert last["active"] == ["pricey-fast"] and last["standby"] == ["cheap-slow"]
 
 
