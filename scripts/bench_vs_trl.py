@@ -371,9 +371,10 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
     print(
         "\n| echo2 lr | TRL lr | held-out greedy, echo2 - TRL, paired [95% CI] "
         "| wall time, echo2 / TRL, paired [95% CI] | echo2 reached TRL's final accuracy "
-        "| time to it, echo2 / TRL's wall time, paired [95% CI] |"
+        "| time to it, echo2 / TRL's wall time, paired [95% CI] "
+        "| the same, median over all seeds (a miss counts as never) [95% CI] |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for (side, echo2_lr), echo2 in sorted(keyed.items()):
         if not side.startswith("echo2"):
             continue
@@ -387,7 +388,7 @@ def report_paired(keyed: dict[tuple[str, float], list[dict[str, Any]]]) -> None:
 
 def paired_cells(echo2: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:
     """One row of the paired table: echo2's runs against TRL's, matched by seed."""
-    from echo2cli.bench.paired import describe, paired_difference, seed_mean, time_to
+    from echo2cli.bench.paired import censored_median, describe, describe_median, paired_difference, seed_mean, time_to
 
     acc = paired_difference(
         {r["seed"]: r["greedy_accuracy"] for r in echo2}, {r["seed"]: r["greedy_accuracy"] for r in trl}
@@ -398,9 +399,11 @@ def paired_cells(echo2: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:
     trl_acc = {r["seed"]: r["greedy_accuracy"] for r in trl}
     hits = {r["seed"]: time_to(r.get("eval_curve") or [], trl_acc[r["seed"]]) for r in echo2 if r["seed"] in trl_acc}
     reach = seed_mean({s: t / trl_wall[s] for s, t in hits.items() if t is not None})
+    median = censored_median({s: None if t is None else t / trl_wall[s] for s, t in hits.items()})
     return (
         f"{describe(acc)} | {describe(ratio).replace('+', '')} "
-        f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')}"
+        f"| {sum(t is not None for t in hits.values())}/{len(hits)} | {describe(reach).replace('+', '')} "
+        f"| {describe_median(median)}"
     )
 
 

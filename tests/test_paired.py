@@ -5,7 +5,9 @@ import pytest
 
 from echo2cli.bench.paired import (
     bootstrap_interval,
+    censored_median,
     describe,
+    describe_median,
     paired_difference,
     seeds_needed,
     t_interval,
@@ -118,6 +120,23 @@ def test_time_to_is_the_first_point_at_or_above_the_target():
     assert time_to(curve, 0.7) is None and time_to([], 0.1) is None
 
 
+def test_a_censored_median_counts_a_miss_as_later_than_every_time():
+    times = {0: 0.2, 1: None, 2: 0.4, 3: 0.3, 4: 0.1}  # sorted: 0.1, 0.2, 0.3, 0.4, never
+    d = censored_median(times)
+    assert d["median"] == 0.3 and d["reached"] == 4 and d["pairs"] == 5 and d["seeds"] == [0, 1, 2, 3, 4]
+    # 3 or more of 5 draws the same value has p = 0.058, over the 2.5 % tails: the 0.1 seed at the low end, a miss
+    # (never) at the high end
+    assert describe_median(d) == "0.300 [0.100, never] (4/5 reached)"
+    even = censored_median({0: 0.2, 1: 0.4, 2: None, 3: 0.3})  # two middle values 0.3 and 0.4
+    assert even["median"] == pytest.approx(0.35)
+    assert censored_median({0: 0.5, 1: None})["median"] is None  # half missed: the median is never
+    sure = censored_median({s: 0.1 * (s + 1) for s in range(9)})  # no misses: an ordinary median and interval
+    assert sure["median"] == pytest.approx(0.5) and sure["high"] is not None and sure["low"] < 0.5 < sure["high"]
+    assert censored_median({})["median"] is None and describe_median(censored_median({})) == "-"
+    assert describe_median(censored_median({0: 0.25})) == "0.250 (1/1 reached)"
+    assert censored_median(times) == d  # seeded: the same report from the same rows
+
+
 def load_bench_vs_trl():
     import importlib.util
     from pathlib import Path
@@ -160,7 +179,8 @@ def test_the_trl_comparison_reports_each_learning_rate_paired_by_seed(tmp_path, 
     assert cells[2].startswith("+0.077 [") and cells[2].endswith("(n=3)")  # 0.15, 0.18, -0.10
     assert cells[3] == "0.500 [0.500, 0.500] (n=3)"
     assert cells[4] == "2/3"
-    assert cells[5] == "0.375 [0.250, 0.500] (n=2)"
+    assert cells[5] == "0.375 [0.250, 0.500] (n=2)"  # the mean over the two seeds that reached it
+    assert cells[6].startswith("0.500 [0.250, never] (2/3 reached)")  # the median, seed 2's miss counted as never
     bench.plot(rows, tmp_path / "vs_trl.png")  # reward and held-out accuracy against wall time, seeds as bands
     assert (tmp_path / "vs_trl.png").stat().st_size > 0
 
@@ -203,6 +223,7 @@ def test_staleness_runs_join_the_trl_comparison_as_echo2_sides_named_by_s_and_dt
     assert cells[:2] == ["1e-05, S=0, fp16", "1e-05"]
     assert cells[2].startswith("+0.000 [") and cells[4] == "1/2"  # +0.05 and -0.05; seed 1 never reached 0.75
     assert cells[5] == "0.500 (n=1)"  # seed 0 reached it at its last version, 200 s of TRL's 400
+    assert cells[6] == "never [0.500, never] (1/2 reached)"  # half the seeds never reached it
 
 
 def test_echo2_runs_without_rows_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
