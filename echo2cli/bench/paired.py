@@ -139,7 +139,7 @@ def censored_median(
         # the mean of the two middle values, as np.median, without inf - inf where both are misses
         medians = np.where(np.isinf(medians[:, 1]), np.inf, medians.mean(axis=1))
         tail = (1 - level) / 2
-        low, high = (finite(q) for q in np.quantile(medians, [tail, 1 - tail], method="inverted_cdf"))
+        low, high = (finite(float(np.quantile(medians, q, method="inverted_cdf"))) for q in (tail, 1 - tail))
     return {
         "pairs": len(seeds),
         "seeds": seeds,
