@@ -130,14 +130,12 @@ def censored_median(
     x = np.array([np.inf if values[s] is None else values[s] for s in seeds], dtype=np.float64)
 
     def finite(v: float) -> float | None:
-        return None if math.isinf(v) or math.isnan(v) else float(v)
+        return float(v) if math.isfinite(v) else None
 
     low = high = None
     if x.size >= 2:
         picks = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
-        medians = np.sort(np.sort(x[picks], axis=1)[:, [(x.size - 1) // 2, x.size // 2]], axis=1)
-        # the mean of the two middle values, as np.median, without inf - inf where both are misses
-        medians = np.where(np.isinf(medians[:, 1]), np.inf, medians.mean(axis=1))
+        medians = np.median(x[picks], axis=1)  # inf where the upper middle value is a miss
         tail = (1 - level) / 2
         low, high = (finite(float(np.quantile(medians, q, method="inverted_cdf"))) for q in (tail, 1 - tail))
     return {
