@@ -1,5 +1,5 @@
 """The learner's closed loop (`learner/activation.py`) on a coordinator with a fake clock: measured
-throughput, joins and deaths re-plan at once, standby workers get no leases."""
+throughput, the first T_bcast, joins and deaths re-plan at once, standby workers get no leases."""
 
 from conftest import batch_for, make_coord
 
@@ -71,3 +71,19 @@ def test_activation_all_never_puts_anyone_on_standby(clock, tmp_path):
     act = Activation(LearnerConfig(activation="all"), coord, tmp_path / "d.jsonl")
     coord.join("a", 1.0)
     assert act.update(0) is None and not (tmp_path / "d.jsonl").read_text()
+
+
+def test_the_first_t_bcast_measured_replans_at_once(clock, tmp_path):
+    coord, act = setup(clock, tmp_path)
+    a = coord.join("a", 1.0)
+    lease_and_return(coord, clock, a, 1.0)
+    lease_and_return(coord, clock, a, 1.0)
+    act.observe_step(10.0)
+    assert act.update(1)["decision"].startswith("all active: waiting for measurements")
+    assert act.update(2) is None
+    coord.published.ready_s[0] = 30.0  # v0's includes the engine start: not a measurement the plan uses
+    assert act.update(2) is None
+    coord.published.ready_s[1] = 2.0
+    decision = act.update(2)
+    assert decision["reason"] == "first T_bcast" and "inputs" in decision
+    assert act.update(3) is None

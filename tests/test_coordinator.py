@@ -152,6 +152,28 @@ def test_ready_time_leaves_out_the_wait_for_a_lease_in_progress(clock):
     assert coord.published.ready_s[1] == 2.0 + 0.8  # publish -> the last worker holding it, plus the slowest swap
 
 
+def test_ready_time_is_measured_while_a_worker_is_still_partway_through_a_lease(clock):
+    from echo2cli.protocol import Heartbeat, PolicyInfo
+
+    coord = make_coord(clock)
+    a, b = coord.join("a", 0.0), coord.join("b", 0.0)
+    for w in (a, b):
+        coord.heartbeat(Heartbeat(worker_id=w, version_loaded=0, swap_s=0.5))
+    coord.publish(
+        PolicyInfo(version=1, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=clock())
+    )
+    clock(1)
+    coord.heartbeat(Heartbeat(worker_id=a, version_loaded=1, swap_s=0.5))
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, ready_version=0))
+    assert coord.update_bcast() == [] and coord.bcast_times() == ({}, {})  # b does not hold v1 yet
+    clock(2)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=0, ready_version=1))  # verified, a long lease goes on
+    assert coord.update_bcast() == [] and coord.bcast_times() == ({}, {1: 3.0 + 0.5})
+    clock(30)
+    coord.heartbeat(Heartbeat(worker_id=b, version_loaded=1, swap_s=0.5))
+    assert coord.update_bcast() == [1] and coord.bcast_times() == ({1: 33.0}, {1: 3.5})
+
+
 def test_a_lagging_worker_gets_only_work_that_will_still_be_admissible(clock):
     coord = make_coord(clock, S=2, B=2)
     fresh, behind, behind2 = coord.join("fresh", 0.0), coord.join("behind", 0.0), coord.join("behind2", 0.0)

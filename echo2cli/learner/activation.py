@@ -1,10 +1,10 @@
 """Cost-aware activation inside the learner: the closed loop around `plan.py`.
 
-Every `plan_every` steps, and at once when a worker joins or dies, the learner rebuilds the plan from what
-it measured — T_train (median of the last steps), T_bcast (median T_ready of the last versions) and each worker's
-mu_i (rollouts / wall time its leases were out) with the price it declared at join — and activates the
-cheapest set that reaches gamma*mu_min. The rest go on standby: no leases, but they keep fetching and
-seeding every version, so one can be activated without a download.
+Every `plan_every` steps, and at once when a worker joins or dies or the first T_bcast is measured, the
+learner rebuilds the plan from what it measured — T_train (median of the last steps), T_bcast (median T_ready
+of the last versions) and each worker's mu_i (rollouts / wall time its leases were out) with the price it
+declared at join — and activates the cheapest set that reaches gamma*mu_min. The rest go on standby: no
+leases, but they keep fetching and seeding every version, so one can be activated without a download.
 
 A worker whose mu_i is not measured yet stays active until its first lease returns. Before T_train and
 T_bcast have a measurement every worker is active. When no throughput keeps the learner busy (infeasible S
@@ -35,6 +35,7 @@ class Activation:
         self.t_train: deque[float] = deque(maxlen=T_TRAIN_WINDOW)
         self.members: frozenset[str] = frozenset()
         self.measured_ids: frozenset[str] = frozenset()
+        self.bcast_measured = False
         self.last_step = -(10**9)
         self.log = MetricsWriter(log_path)
         self.metrics: dict[str, Any] = {}
@@ -43,7 +44,7 @@ class Activation:
     def observe_step(self, t_train_s: float) -> None:
         self.t_train.append(t_train_s)
 
-    def _reason(self, step: int, workers: list[dict]) -> str | None:
+    def _reason(self, step: int, workers: list[dict], bcast_measured: bool) -> str | None:
         members = frozenset(w["worker_id"] for w in workers if w["active"])
         measured = frozenset(w["worker_id"] for w in workers if w["rollouts_per_s"] is not None)
         names = {w["worker_id"]: w["name"] for w in workers}
@@ -58,9 +59,11 @@ class Activation:
             )
         elif measured != self.measured_ids:
             reason = f"first throughput of: {', '.join(sorted(names[w] for w in measured - self.measured_ids))}"
+        elif bcast_measured and not self.bcast_measured:
+            reason = "first T_bcast"
         elif step - self.last_step >= self.cfg.plan_every:
             reason = f"every {self.cfg.plan_every} steps"
-        self.members, self.measured_ids = members, measured
+        self.members, self.measured_ids, self.bcast_measured = members, measured, bcast_measured
         return reason
 
     def update(self, step: int) -> dict[str, Any] | None:
@@ -68,7 +71,7 @@ class Activation:
         if self.cfg.activation != "cost":
             return None
         workers = self.coord.measured()  # one snapshot: this runs every poll of the learner's wait loop
-        reason = self._reason(step, workers)
+        reason = self._reason(step, workers, bcast_measured=any(v > 0 for v in self.coord.bcast_times()[1]))
         if reason is None:
             return None
         self.last_step = step

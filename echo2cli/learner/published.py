@@ -1,10 +1,11 @@
 """Published versions, and how long each took to reach the fleet.
 
-Per version v, once every worker of v's fleet generates with v or newer:
-    T_bcast(v) = publish -> the last of them generating with it (`bcast_s`);
-    T_ready(v) = publish -> the last of them holding it verified, plus the slowest one's swap stall
-                 (`ready_s`): T_bcast without the wait for a lease in progress to end. This is the capacity
-                 model's T_bcast, since the model accounts for whole leases itself.
+Per version v, with v's fleet:
+    T_ready(v) = publish -> the last of them holding it verified (or generating with it), plus the slowest one's
+                 swap stall (`ready_s`): T_bcast without the wait for a lease in progress to end. This is the
+                 capacity model's T_bcast, since the model accounts for whole leases itself. It is measured as
+                 soon as every worker holds v, so a worker partway through a long lease does not hold it up.
+    T_bcast(v) = publish -> the last of them generating with it (`bcast_s`), measured once every one does.
 v's fleet: the active workers that were already generating when v was published (all active workers if none
 was), so a late joiner still fetching its first version does not hold every measurement up.
 """
@@ -13,6 +14,11 @@ from __future__ import annotations
 
 from echo2cli.learner.fleet import WorkerRecord
 from echo2cli.protocol import PolicyInfo
+
+
+def _first_at_or_after(times: dict[int, float], version: int) -> float | None:
+    """When a worker first reported `version` or newer in `times` (version -> first report), or None."""
+    return min((t for x, t in times.items() if x >= version), default=None)
 
 
 class PublishedVersions:
@@ -28,23 +34,26 @@ class PublishedVersions:
         return self.policies[max(self.policies)]
 
     def measure(self, live: list[WorkerRecord]) -> list[int]:
-        """Measure every version whose fleet now runs it (or newer); returns the versions newly measured."""
+        """Measure T_ready of every version its fleet now holds, and T_bcast of every version its fleet now runs;
+        returns the versions whose T_bcast was newly measured."""
         newly = []
         for v, policy in self.policies.items():
+            if v in self.bcast_s:
+                continue
             fleet = [w for w in live if w.first_seen_with and min(w.first_seen_with.values()) <= policy.published_at]
             fleet = fleet or live
-            if v in self.bcast_s or not fleet:
+            if not fleet:
                 continue
-            firsts = [min((t for x, t in w.first_seen_with.items() if x >= v), default=None) for w in fleet]
-            if any(t is None for t in firsts):
-                continue
-            seen = [t for t in firsts if t is not None]
-            self.bcast_s[v] = max(0.0, max(seen) - policy.published_at)
-            ready = [
-                min([t for x, t in w.first_ready_with.items() if x >= v] + [first])
+            seen = [_first_at_or_after(w.first_seen_with, v) for w in fleet]
+            held = [
+                min((t for t in (_first_at_or_after(w.first_ready_with, v), first) if t is not None), default=None)
                 for w, first in zip(fleet, seen, strict=True)
             ]
-            swap = max(w.swap_s for w in fleet)
-            self.ready_s[v] = min(self.bcast_s[v], max(0.0, max(ready) - policy.published_at) + swap)
-            newly.append(v)
+            if v not in self.ready_s and all(t is not None for t in held):
+                swap = max(w.swap_s for w in fleet)
+                self.ready_s[v] = max(0.0, max(t for t in held if t is not None) - policy.published_at) + swap
+            if all(t is not None for t in seen):
+                self.bcast_s[v] = max(0.0, max(t for t in seen if t is not None) - policy.published_at)
+                self.ready_s[v] = min(self.ready_s[v], self.bcast_s[v])
+                newly.append(v)
         return newly
