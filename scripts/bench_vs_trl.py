@@ -34,7 +34,8 @@ each optimizer step), so that a scheduled echo2 run from `echo2 bench staleness`
         --trl-lr-min-ratio 0.1 --echo2-runs runs/cos --out runs/vs-trl-cos
 
 Rows go to OUT/rows.jsonl as each run finishes (a rerun skips finished ones, so more seeds or rates can be added
-to the same OUT later); the tables are printed and OUT/vs_trl.png drawn at the end.
+to the same OUT later); the tables are printed and OUT/vs_trl.png drawn at the end, over every seed there or the
+ones `--report-seeds` names.
 """
 
 from __future__ import annotations
@@ -230,6 +231,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/vs-trl"))
     p.add_argument("--seeds", default="0,1", help="seeds for each side, comma-separated")
+    p.add_argument(
+        "--report-seeds",
+        default="",
+        help="the seeds the tables and the plot cover, comma-separated (default: every seed in OUT's rows and the "
+        "--echo2-runs)",
+    )
     p.add_argument("--trl-lrs", default="3e-6,1e-5,3e-5", help="TRL learning rates to run, comma-separated")
     demo_lr = DemoConfig.model_fields["lr"].default
     p.add_argument(
@@ -311,6 +318,9 @@ def main() -> None:
         print(f"{name}: {row['wall_s']:.0f} s, held-out greedy {row['greedy_accuracy']:.3f}", flush=True)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
     rows += [r for out in a.echo2_runs for r in staleness_rows(out)]
+    if a.report_seeds:
+        shown = {int(s) for s in a.report_seeds.split(",")}
+        rows = [r for r in rows if r["seed"] in shown]
     report(rows)
     plot(rows, a.out / "vs_trl.png")
     print(f"plot: {a.out / 'vs_trl.png'}")

@@ -304,3 +304,29 @@ def test_scheduled_sides_are_named_after_their_schedule(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit) as stop:  # a warmup that never ends: one line before anything runs
         bench.main()
     assert stop.value.code == 2 and "--trl-lr-warmup-steps 20" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_report_seeds_limits_the_tables_to_the_seeds_named(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    bench = load_bench_vs_trl()
+    rows = []
+    for seed, (echo2_acc, trl_acc) in enumerate([(0.9, 0.5), (0.6, 0.8), (0.7, 0.7)]):
+        curve = [{"version": 20, "greedy_accuracy": echo2_acc, "time_s": 100.0}]
+        common = {"lr": 1e-5, "seed": seed, "steps": 20, "reward": [0.5] * 20, "pass_at_k": 0.0}
+        rows.append(common | {"name": f"e{seed}", "side": "echo2 S=2 bf16", "wall_s": 100.0, "eval_curve": curve})
+        rows[-1] |= {"greedy_accuracy": echo2_acc, "time_s": [5.0 * i for i in range(20)]}
+        rows.append(common | {"name": f"trl-lr1e-05-seed{seed}", "side": "trl", "wall_s": 400.0})
+        rows[-1] |= {"greedy_accuracy": trl_acc, "step_s": [20.0] * 20}
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["bench_vs_trl.py", "--skip-echo2", "--seeds", "0,1,2", "--trl-lrs", "1e-5", "--out", str(tmp_path)]
+    paired = {}
+    for shown in ("", "0,2"):
+        monkeypatch.setattr(sys, "argv", [*argv, "--report-seeds", shown])
+        bench.main()  # every run is in OUT: nothing runs, the tables are printed
+        lines = capsys.readouterr().out.strip().splitlines()
+        paired[shown] = [c.strip() for c in lines[-2].strip("|").split("|")]
+    assert paired[""][2].endswith("(n=3)") and paired[""][4] == "2/3"  # every seed in OUT
+    assert paired["0,2"][2].startswith("+0.200") and paired["0,2"][2].endswith("(n=2)")  # seeds 0 and 2 alone
+    assert paired["0,2"][4] == "2/2"
