@@ -17,6 +17,14 @@ def lease_and_return(coord, clock, wid, seconds):
     coord.admission.done.clear()
 
 
+def one_measured_worker(coord, clock, act, t_train_s):
+    """A worker whose throughput is measured (two leases returned), and a step time."""
+    a = coord.join("a", 1.0)
+    lease_and_return(coord, clock, a, 1.0)
+    lease_and_return(coord, clock, a, 1.0)
+    act.observe_step(t_train_s)
+
+
 def setup(clock, tmp_path):
     # B = 2 prompts x G 2 = 4 rollouts per step; S = 2
     coord = make_coord(clock, G=2, S=2, B=2)
@@ -57,10 +65,7 @@ def test_joins_first_measurements_and_deaths_replan_and_standby_gets_no_lease(cl
 
 def test_infeasible_setting_keeps_everyone_active_and_says_why(clock, tmp_path):
     coord, act = setup(clock, tmp_path)
-    a = coord.join("a", 1.0)
-    lease_and_return(coord, clock, a, 1.0)
-    lease_and_return(coord, clock, a, 1.0)
-    act.observe_step(1.0)
+    one_measured_worker(coord, clock, act, t_train_s=1.0)
     coord.published.ready_s[1] = 50.0  # T_bcast 50 s vs S_e*T_train = 2 s: no throughput keeps the learner busy
     decision = act.update(1)
     assert decision["standby"] == [] and "need S >=" in decision["decision"]
@@ -75,10 +80,7 @@ def test_activation_all_never_puts_anyone_on_standby(clock, tmp_path):
 
 def test_the_first_t_bcast_measured_replans_at_once(clock, tmp_path):
     coord, act = setup(clock, tmp_path)
-    a = coord.join("a", 1.0)
-    lease_and_return(coord, clock, a, 1.0)
-    lease_and_return(coord, clock, a, 1.0)
-    act.observe_step(10.0)
+    one_measured_worker(coord, clock, act, t_train_s=10.0)
     assert act.update(1)["decision"].startswith("all active: waiting for measurements")
     assert act.update(2) is None
     coord.published.ready_s[0] = 30.0  # v0's includes the engine start: not a measurement the plan uses

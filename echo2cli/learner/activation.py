@@ -71,7 +71,9 @@ class Activation:
         if self.cfg.activation != "cost":
             return None
         workers = self.coord.measured()  # one snapshot: this runs every poll of the learner's wait loop
-        reason = self._reason(step, workers, bcast_measured=any(v > 0 for v in self.coord.bcast_times()[1]))
+        # once measured, always measured: the copy of every version's times is made only until then
+        bcast_measured = self.bcast_measured or any(v > 0 for v in self.coord.bcast_times()[1])
+        reason = self._reason(step, workers, bcast_measured)
         if reason is None:
             return None
         self.last_step = step

@@ -21,6 +21,12 @@ def _first_at_or_after(times: dict[int, float], version: int) -> float | None:
     return min((t for x, t in times.items() if x >= version), default=None)
 
 
+def _last_of_all(times: list[float | None]) -> float | None:
+    """The latest of the fleet's times, or None while any worker's is missing."""
+    known = [t for t in times if t is not None]
+    return max(known) if len(known) == len(times) else None
+
+
 class PublishedVersions:
     def __init__(self) -> None:
         self.policies: dict[int, PolicyInfo] = {}
@@ -49,11 +55,12 @@ class PublishedVersions:
                 min((t for t in (_first_at_or_after(w.first_ready_with, v), first) if t is not None), default=None)
                 for w, first in zip(fleet, seen, strict=True)
             ]
-            if v not in self.ready_s and all(t is not None for t in held):
+            held_by_all, seen_by_all = _last_of_all(held), _last_of_all(seen)
+            if v not in self.ready_s and held_by_all is not None:
                 swap = max(w.swap_s for w in fleet)
-                self.ready_s[v] = max(0.0, max(t for t in held if t is not None) - policy.published_at) + swap
-            if all(t is not None for t in seen):
-                self.bcast_s[v] = max(0.0, max(t for t in seen if t is not None) - policy.published_at)
+                self.ready_s[v] = max(0.0, held_by_all - policy.published_at) + swap
+            if seen_by_all is not None:
+                self.bcast_s[v] = max(0.0, seen_by_all - policy.published_at)
                 self.ready_s[v] = min(self.ready_s[v], self.bcast_s[v])
                 newly.append(v)
         return newly
