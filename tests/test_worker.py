@@ -138,73 +138,6 @@ def test_a_file_that_fails_its_digest_is_rechecked_once_then_refused(tmp_path, l
     assert worker.store.loaded == 0
 
 
-def test_a_version_verified_during_a_lease_is_set_aside_and_the_next_one_fetched_by_its_delta_against_it(
-    tmp_path, learner
-):
-    """A lease longer than a learner step: the heartbeat announces newer versions while the one fetched at its
-    start waits, verified, for the swap. The newer one is fetched and verified meanwhile, and the swap takes the
-    newest verified version, not the one that was newest when the lease began."""
-    worker = started_worker(tmp_path, learner)
-    store = worker.store
-    publish(learner, 1)
-    worker._follow(1, block=False)  # what the heartbeat thread does mid-lease
-    store.prepare()
-    assert store.ready() and store.heartbeat_fields()["ready_version"] == 1
-    for v in (2, 3):
-        publish(learner, v)
-        worker._follow(v, block=False)
-        assert store.waiting.policy.version == v - 1 and store.pending.key == VersionKey(v, delta=True)
-        store.prepare()  # rebuilt against the waiting version, which the engine never ran
-        assert store.heartbeat_fields()["ready_version"] == v and store.loaded == 0
-    assert worker.node.fetched == [0, 1, 2, 3]
-    worker._swap_if_ready()  # the lease ends
-    assert store.loaded == 3 and store.waiting is None and store.pending is None
-    assert worker.engine.reloads == [VersionKey(3).dir(store.root)]
-    assert [(e["version"], e["via"]) for e in loads(worker)] == [(0, "full"), (3, "delta")]
-    for v in (1, 2, 3):
-        assert store.weights(v).read_bytes() == VersionKey(v).path(learner.published.root).read_bytes()
-
-
-def test_a_lease_that_ends_while_the_next_version_downloads_swaps_in_the_waiting_one(tmp_path, learner):
-    worker = started_worker(tmp_path, learner)
-    store = worker.store
-    publish(learner, 1)
-    worker._follow(1, block=False)
-    store.prepare()
-    publish(learner, 2)
-    worker.node.held.add(2)  # version 2's pieces are still on their way
-    worker._follow(2, block=False)
-    worker._swap_if_ready()  # the lease ends: the waiting version 1 is swapped in, version 2 goes on downloading
-    assert store.loaded == 1 and store.pending.key == VersionKey(2, delta=True) and store.waiting is None
-    assert store.heartbeat_fields() | {"upload_bytes": 0} == {
-        "downloading_version": 2,
-        "download_progress": 0.0,
-        "ready_version": -1,
-        "upload_bytes": 0,
-    }
-    worker.node.held.clear()
-    worker._swap_if_ready()
-    assert [(e["version"], e["via"]) for e in loads(worker)] == [(0, "full"), (1, "delta"), (2, "delta")]
-    assert store.weights(2).read_bytes() == VersionKey(2).path(learner.published.root).read_bytes()
-
-
-def test_a_waiting_adapter_version_superseded_by_a_newer_one_loses_its_merge(tmp_path, lora_learner):
-    worker = started_worker(tmp_path, lora_learner, lora_load="merge")
-    store = worker.store
-    for v in (1, 2):
-        publish(lora_learner, v, delta=False, adapter=True, content=lora_adapter(4))
-        worker._follow(v, block=False)
-        store.prepare()
-        assert store.merged(v).exists()
-    publish(lora_learner, 3, delta=False, adapter=True, content=lora_adapter(4))
-    worker._follow(3, block=False)  # version 2 waits; version 1 will never be loaded
-    assert not store.merged(1).exists() and store.merged(2).exists()
-    store.prepare()
-    worker._swap_if_ready()
-    assert store.loaded == 3 and worker.engine.reloads == [store.merged(3)]
-    assert not any(store.merged(v).exists() for v in (1, 2, 3))  # each merge is a whole model: none stays behind
-
-
 def until(condition, what: str, timeout_s: float = 30.0) -> None:
     """Wait for the prepare thread: a bound on a hang, not a measure of speed."""
     deadline = time.monotonic() + timeout_s
@@ -271,7 +204,7 @@ def test_a_version_dropped_while_it_is_rebuilt_is_not_marked_verified(tmp_path, 
         worker.store.go_back(learner.published.policies[0])
         return 0.5
 
-    monkeypatch.setattr(versions, "verify_download", resumed_meanwhile)
+    monkeypatch.setattr(worker.store, "_verify", resumed_meanwhile)
     worker.store.prepare()
     assert worker.store.pending is not pending and not worker.store.ready() and worker.store._verified == -1
 

@@ -287,9 +287,9 @@ class Worker:
             t0 = time.perf_counter()
             if self.cfg.verify_between_leases:
                 self.store.prepare()
-            if (chosen := self.store.ready()) is None:
+            if self.store.pending is None or not self.store.ready():
                 return
-            policy = chosen.policy
+            policy = self.store.pending.policy
             version = policy.version
             t_reload = load_version(self.engine, self.store, policy)
             pending = self.store.take()  # after the reload: a heartbeat meanwhile still reports the old version

@@ -7,16 +7,13 @@
                     digest (a delta is rebuilt and checked against the version's digest, then seeded as the full
                     version; LoRA adapters are checked against the base, and merged into it with `merge_adapters`).
                     The worker runs it on its own thread, so the engine generates meanwhile.
-    ready()         the version verified and waiting for its swap, if any: the swap is only the reload
-    take()          the engine now runs the newest verified version (record_load: a line of events.jsonl);
-                    prune(S) deletes versions older than S + 1 behind it
+    ready()         the pending version is verified: the swap is only the reload
+    take()          the engine now runs it (record_load: a line of events.jsonl); prune(S) deletes versions older
+                    than S + 1 behind it
     follow(latest)  a newer version was announced: fetch it once nothing is in progress, or once the download in
                     progress has stalled for FETCH_STALL_S. A download in progress is finished first, even
                     when newer versions appear: on a slow link a multi-GB version can take several learner
-                    steps, and abandoning it for each newer one would never finish anything. A verified version
-                    waiting for its swap (the worker is partway through a lease) is set aside, `waiting`, and the
-                    newer one is fetched meanwhile, by its delta against the waiting one: a long lease ends with
-                    the newest version at hand, not the one that was newest when it began. A worker several
+                    steps, and abandoning it for each newer one would never finish anything. A worker several
                     versions behind applies the chain of deltas, one version at a time, when that is cheaper
                     than the newest full file (`chain_link`).
     go_back(policy) the learner resumed from a checkpoint older than our versions: they no longer exist
@@ -70,19 +67,6 @@ class Pending:
     @property
     def key(self) -> VersionKey:
         return VersionKey(self.policy.version, delta=self.via is Via.DELTA)
-
-    def stalled(self, node: TorrentNode) -> bool:
-        """No byte of this download arrived for FETCH_STALL_S (a complete one waiting to be loaded is not
-        stalled). Call it under the store's lock."""
-        transfer = node.transfers.get(self.key)
-        if transfer is None or transfer.finished_at is not None:
-            return False
-        got, since = self.progress
-        now_bytes = node.download_bytes(self.key)
-        if now_bytes != got:
-            self.progress = (now_bytes, time.monotonic())
-            return False
-        return time.monotonic() - since > FETCH_STALL_S
 
 
 def chain_link(
@@ -145,27 +129,6 @@ def prepare_adapters(version: int, weights: Path, base: Path, lora: LoraSpec | N
         write_merged(merged, adapters, base)
 
 
-def verify_download(pending: Pending, root: Path, lora: LoraSpec | None, merged: Path | None) -> float | bool:
-    """A complete download's check, lock-free (it touches files only): a delta's rebuild seconds (apply_delta
-    checks the digest), or whether the full file's digest is the announced one; then, however the file came, an
-    adapter version's check against the base (`prepare_adapters`, which raises; `merged`: where to fold it in)."""
-    policy = pending.policy
-    weights = VersionKey(policy.version).path(root)
-    if pending.via is Via.FULL and file_digest(weights) != policy.digest:
-        return False
-    outcome: float | bool = True
-    if pending.via is Via.DELTA:
-        assert policy.delta_base is not None
-        t0 = time.perf_counter()
-        delta = VersionKey(policy.version, delta=True).path(root)
-        base = VersionKey(policy.delta_base).path(root)
-        apply_delta(base, delta, weights, expected_digest=policy.digest, base_verified=True)
-        outcome = time.perf_counter() - t0
-    if policy.adapter:
-        prepare_adapters(policy.version, weights, VersionKey(0).path(root), lora, merged)
-    return outcome
-
-
 class VersionStore:
     def __init__(
         self,
@@ -188,7 +151,6 @@ class VersionStore:
         self.lock = threading.RLock()
         self.loaded = -1  # the version the engine runs (or starts with)
         self.pending: Pending | None = None
-        self.waiting: Pending | None = None  # verified, set aside for the swap while a newer version is fetched
         self._verified = -1  # version whose file digest has been checked
         self._rechecked = -1  # version whose pieces were re-checked after a digest mismatch
         self._preparing = False  # a thread is hashing or rebuilding the pending version (without the lock)
@@ -203,18 +165,10 @@ class VersionStore:
         """The directory of an adapter version merged into the base (`merge_adapters`); removed once loaded."""
         return self.root / (VersionKey(version).dir_name + ".merged")
 
-    def held(self) -> int:
-        """The newest version we hold verified, which the next fetch builds on: the waiting one, else the loaded."""
-        return self.waiting.policy.version if self.waiting is not None else self.loaded
-
-    def _pending_verified(self) -> bool:
-        pending = self.pending
-        return pending is not None and self._verified == pending.policy.version
-
     # -- fetching ------------------------------------------------------------------------------------
 
     def start(self, policy: PolicyInfo) -> None:
-        """Fetch `policy`'s version: its delta if we hold its base verified (`held`), else the full file."""
+        """Fetch `policy`'s version: its delta if we hold the base (loaded and verified), else the full file."""
         with self.lock:
             if policy.adapter:
                 bound_adapters(policy, self.weights(0), self.lora)
@@ -222,8 +176,7 @@ class VersionStore:
             check_torrent(policy, torrent.data)  # one file, at our path, of the announced size and info-hash
             fits = policy.slot + policy.slot_width <= policy.slots
             slot = (policy.slot, policy.slots, policy.slot_width) if fits else None
-            base = self.held()
-            if policy.delta_torrent_b64 and policy.delta_base == base and self._verified >= base:
+            if policy.delta_torrent_b64 and policy.delta_base == self.loaded and self._verified >= self.loaded:
                 delta = TorrentFile.from_b64(policy.delta_torrent_b64)
                 check_torrent(policy, delta.data, delta=True)
                 if delta.info_hash == policy.delta_info_hash:
@@ -241,59 +194,55 @@ class VersionStore:
         policy_of: Callable[[int], PolicyInfo] | None = None,
     ) -> None:
         """`latest` was announced: fetch the newest version (`newest()` asks the learner) if it is newer than what
-        we hold and nothing is in progress, or what is in progress is verified (it waits for its swap, set aside)
-        or has stalled (then it is dropped).
+        we hold and nothing is in progress, or what is in progress has stalled (then it is dropped).
         `block=False`: give up at once if the lock is taken (the heartbeat thread; the next beat tries again)."""
         if not self.lock.acquire(blocking=block):
             return
         try:
-            pending, verified = self.pending, self._pending_verified()
-            if latest <= self.held() or (
-                pending is not None
-                and (pending.policy.version >= latest or not (verified or pending.stalled(self.node)))
+            pending = self.pending
+            if latest <= self.loaded or (
+                pending is not None and (pending.policy.version >= latest or not self.stalled())
             ):
                 return
             policy = newest()
-            floor = pending.policy.version if pending is not None and verified else self.held()
-            if policy.version <= floor:  # told of a version not announced yet: nothing newer to fetch
+            if policy.version <= self.loaded:  # told of a version not announced yet: nothing newer to fetch
                 return
-            if pending is not None and verified:
-                self._set_aside(pending)
-            elif pending is not None:
+            if pending is not None:
                 self.log(
                     f"version {pending.policy.version} stalled for {FETCH_STALL_S:.0f} s: fetching {policy.version}"
                 )
                 self._drop(pending.policy.version)
                 self.pending = None
-            if policy_of is not None and self._verified >= self.held():
-                policy = chain_link(policy, self.held(), self.chain_limit, policy_of, self.log)
+            if policy_of is not None and self._verified >= self.loaded:
+                policy = chain_link(policy, self.loaded, self.chain_limit, policy_of, self.log)
             self.start(policy)
         finally:
             self.lock.release()
 
-    def _set_aside(self, pending: Pending) -> None:
-        """The verified `pending` version waits for its swap as `waiting` while a newer one is fetched. A waiting
-        version it supersedes will never be loaded."""
-        self._forget_waiting()
-        self.waiting, self.pending = pending, None
+    def stalled(self) -> bool:
+        """No byte of the pending download arrived for FETCH_STALL_S (a complete one waiting to be loaded is not
+        stalled)."""
+        with self.lock:
+            if self.pending is None:
+                return False
+            transfer = self.node.transfers.get(self.pending.key)
+            if transfer is None or transfer.finished_at is not None:
+                return False
+            got, since = self.pending.progress
+            now_bytes = self.node.download_bytes(self.pending.key)
+            if now_bytes != got:
+                self.pending.progress = (now_bytes, time.monotonic())
+                return False
+            return time.monotonic() - since > FETCH_STALL_S
 
-    def _forget_waiting(self) -> None:
-        """The waiting version will never be loaded: its merge goes now, its file with `prune`."""
-        if self.waiting is not None:
-            shutil.rmtree(self.merged(self.waiting.policy.version), ignore_errors=True)
-        self.waiting = None
-
-    def ready(self) -> Pending | None:
-        """The version `take` would load, complete and verified (`prepare` did the work): the pending one once
-        verified, else the waiting one; None if neither. Raises what `prepare` could not recover from (a file
-        whose every piece verified but whose digest is wrong, a full disk)."""
+    def ready(self) -> bool:
+        """The pending version is complete and verified: `prepare` did the work. Raises what `prepare` could not
+        recover from (a file whose every piece verified but whose digest is wrong, a full disk)."""
         if self._failure is not None:
             failure, self._failure = self._failure, None
             raise failure
-        return self._to_swap()
-
-    def _to_swap(self) -> Pending | None:
-        return self.pending if self._pending_verified() else self.waiting
+        pending = self.pending
+        return pending is not None and self._verified == pending.policy.version
 
     def prepare(self) -> None:
         """Poll the swarm and, once the pending version is complete, verify it: rebuild a delta against the
@@ -317,8 +266,7 @@ class VersionStore:
                 return
             self._preparing = True
         try:
-            merged = self.merged(pending.policy.version) if self.merge_adapters else None
-            outcome: BaseException | float | bool = verify_download(pending, self.root, self.lora, merged)
+            outcome: BaseException | float | bool = self._verify(pending)
         except Exception as exc:
             outcome = exc
         with self.lock:
@@ -326,8 +274,32 @@ class VersionStore:
             if self.pending is pending:  # not dropped or replaced while we worked
                 self._settle(pending, outcome)
 
+    def _verify(self, pending: Pending) -> float | bool:
+        """The complete file's check, lock-free (it touches files only): a delta's rebuild seconds (apply_delta
+        checks the digest), or whether the full file's digest is the announced one; then, however the file came,
+        an adapter version's check against the base (`prepare_adapters`, which raises)."""
+        policy = pending.policy
+        outcome: float | bool = True
+        if pending.via is Via.FULL and file_digest(self.weights(policy.version)) != policy.digest:
+            return False
+        if pending.via is Via.DELTA:
+            assert policy.delta_base is not None
+            t0 = time.perf_counter()
+            apply_delta(
+                self.weights(policy.delta_base),
+                VersionKey(policy.version, delta=True).path(self.root),
+                self.weights(policy.version),
+                expected_digest=policy.digest,
+                base_verified=True,
+            )
+            outcome = time.perf_counter() - t0
+        if policy.adapter:
+            merged = self.merged(policy.version) if self.merge_adapters else None
+            prepare_adapters(policy.version, self.weights(policy.version), self.weights(0), self.lora, merged)
+        return outcome
+
     def _settle(self, pending: Pending, outcome: BaseException | float | bool) -> None:
-        """Act on `verify_download`'s outcome, under the lock (the torrent session is touched only under it)."""
+        """Act on `_verify`'s outcome, under the lock (the torrent session is touched only under it)."""
         policy = pending.policy
         if isinstance(outcome, BroadcastError) and pending.via is Via.DELTA:
             why = shown(outcome, DETAIL_LEN)  # may quote the learner's torrent
@@ -367,18 +339,12 @@ class VersionStore:
     # -- loading -------------------------------------------------------------------------------------
 
     def take(self) -> Pending:
-        """The newest verified version (`ready`) becomes the loaded one. Taking the pending version supersedes a
-        waiting one; taking the waiting one leaves the pending download going, now against the loaded version."""
+        """The pending version, ready, becomes the loaded one."""
         with self.lock:
-            chosen = self._to_swap()
-            assert chosen is not None
-            if chosen is self.pending:
-                self.pending = None
-                self._forget_waiting()
-            else:
-                self.waiting = None
-            self.loaded = chosen.policy.version
-            return chosen
+            assert self.pending is not None
+            pending, self.pending = self.pending, None
+            self.loaded = pending.policy.version
+            return pending
 
     def record_load(
         self, worker_id: str, pending: Pending, t_reload: float, t_swap: float | None = None, t_stall: float = 0.0
@@ -411,7 +377,7 @@ class VersionStore:
                     gone = key.version > policy.version
                     self.node.remove(key, delete_dir=key.dir(self.root) if gone else None)
                     shutil.rmtree(self.merged(key.version), ignore_errors=True)
-            self.loaded, self._verified, self.pending, self.waiting = -1, -1, None, None
+            self.loaded, self._verified, self.pending = -1, -1, None
             self.start(policy)
 
     def _keys(self) -> list[VersionKey]:
@@ -420,17 +386,17 @@ class VersionStore:
     def ahead_of(self, version: int) -> bool:
         """We hold or fetch a version the learner does not have."""
         with self.lock:
-            return self.held() > version or (self.pending is not None and self.pending.policy.version > version)
+            return self.loaded > version or (self.pending is not None and self.pending.policy.version > version)
 
     def heartbeat_fields(self) -> dict[str, Any]:
         """What the learner is told about our downloads. Read without the lock (a heartbeat must not wait for a
         swap): `pending` is read once."""
-        pending, ready = self.pending, self._to_swap()
+        pending = self.pending
         progress = min(1.0, self.node.progress(pending.key)) if pending else 0.0
         return {
             "downloading_version": pending.policy.version if pending else None,
             "download_progress": progress,
-            "ready_version": ready.policy.version if ready is not None else -1,
+            "ready_version": pending.policy.version if pending and self._verified == pending.policy.version else -1,
             "upload_bytes": self.node.upload_bytes(),
         }
 
