@@ -342,13 +342,15 @@ def test_worker_cut_off_the_network_loses_its_lease_and_its_late_copy_is_rejecte
         ]
         try:
             learner.wait_step(1)
-            wait_for(lambda: holding_lease(learner, "w1"), 240, "w1 to hold a lease")
+            # 480 s, as for the churn workers: on CI a fresh engine beside a training learner once took over 240 s
+            logs = (tmp_path / "w1.log", tmp_path / "learner.log")
+            wait_for(lambda: holding_lease(learner, "w1"), 480, "w1 to hold a lease", logs)
             step_at_cut = learner.step()
             tether.set_link(up=False)
             time.sleep(LEASE_TIMEOUT_S + 5)
             learner.wait_step(step_at_cut + 2)  # training went on without w1
             tether.set_link(up=True)
-            wait_for(lambda: learner.worker("w1") is not None, 120, "w1 back")
+            wait_for(lambda: learner.worker("w1") is not None, 120, "w1 back", logs)
             learner.wait_step(learner.step() + 2)
             assert all(w.poll() is None for w in workers)
             summary = learner.stop()
