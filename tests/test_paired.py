@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from echo2cli.bench.paired import (
+    auc,
     bootstrap_interval,
     censored_median,
     describe,
     describe_median,
     paired_difference,
     seeds_needed,
+    sign_test,
     t_interval,
     t_quantile,
     time_to,
@@ -330,3 +332,75 @@ def test_report_seeds_limits_the_tables_to_the_seeds_named(tmp_path, monkeypatch
     assert paired[""][2].endswith("(n=3)") and paired[""][4] == "2/3"  # every seed in OUT
     assert paired["0,2"][2].startswith("+0.200") and paired["0,2"][2].endswith("(n=2)")  # seeds 0 and 2 alone
     assert paired["0,2"][4] == "2/2"
+
+
+def test_auc_is_the_chance_a_positive_case_scores_above_a_negative_one():
+    assert auc([1, 2, 3, 4], [False, False, True, True]) == 1.0
+    assert auc([4, 3, 2, 1], [False, False, True, True]) == 0.0
+    assert auc([7, 7, 7, 7], [True, False, True, False]) == 0.5  # a constant says nothing
+    assert auc([1, 2, 2, 3], [False, True, False, True]) == 0.875  # (1 + 0.5 + 1 + 1) / 4: the tie counts half
+    assert auc([1, 2], [True, True]) is None and auc([1, 2], [False, False]) is None
+    rng = np.random.default_rng(3)
+    x, pos = rng.integers(0, 6, 40).astype(float), rng.random(40) < 0.3  # ties aplenty
+    brute = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p in x[pos] for n in x[~pos]])
+    assert auc(x, pos) == pytest.approx(brute)
+    assert auc(np.exp(x), pos) == pytest.approx(brute)  # ranks only: any increasing transform gives the same
+
+
+def test_sign_test_is_the_exact_two_sided_binomial_of_the_discordant_pairs():
+    assert sign_test(0, 5) == pytest.approx(2 / 32) and sign_test(5, 0) == sign_test(0, 5)
+    assert sign_test(3, 3) == 1.0 and sign_test(0, 0) == 1.0
+    from math import comb
+
+    assert sign_test(27, 6) == pytest.approx(2 * sum(comb(33, i) for i in range(7)) / 2**33)
+    assert sign_test(27, 6) < 0.001 < sign_test(7, 1) < 0.1
+
+
+def test_the_tail_script_counts_the_low_runs_and_scores_each_signal(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scripts" / "staleness_tail.py"
+    spec = importlib.util.spec_from_file_location("staleness_tail", path)
+    tail = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tail)
+
+    def run(staleness, seed, acc, kl):
+        health = {
+            "train/is_ess": [1.0, None] + [0.9] * 18,  # a step without stale tokens has no value
+            "train/kl_behaviour": [0.0] * 19 + [kl],
+            "train/clipfrac": [0.1] * 20,
+            "train/is_truncated_frac": [0.0] * 20,
+        }
+        return {
+            "staleness": staleness,
+            "off_policy": "token_tis",
+            "adaptive": False,
+            "lora_rank": 0,
+            "seed": seed,
+            "steps": 20,
+            "eval_problems": 340,
+            "eval_greedy_accuracy": acc,
+            "reward": [acc] * 20,
+            "health": health,
+            "guard": [],
+        }
+
+    s0 = [0.7, 0.7, 0.4, 0.7, 0.7]
+    s4 = [0.3, 0.4, 0.4, 0.8, 0.6]  # seeds 0 and 1 low at S = 4 alone, seed 2 low in both
+    rows = [run(0, seed, acc, 0.0) for seed, acc in enumerate(s0)]
+    rows += [run(4, seed, acc, kl) for seed, (acc, kl) in enumerate(zip(s4, [0.5, 0.1, 0.3, 0.2, 0.4], strict=True))]
+    rows.append(run(4, 9, 0.1, 0.0))  # no S = 0 run of seed 9: not paired
+    rows.append(run(4, 3, 0.8, 0.0) | {"adaptive": True})  # another arm
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(sys, "argv", ["staleness_tail.py", "--rows", str(tmp_path / "rows.jsonl")])
+    tail.main()
+    out = capsys.readouterr().out
+    assert "5 seeds (0-4)" in out
+    assert "below 0.5: S = 4 3, S = 0 1; only S = 4 2, only S = 0 0, both 1; McNemar exact p = 0.5" in out
+    assert "mean -0.140" in out and "over the 2 seeds where both end at or above 0.5: +0.000" in out
+    # the highest KL of the low runs (0.5, 0.1, 0.3) against the others (0.2, 0.4): 3 of 6 pairs above
+    assert "highest behaviour KL" in out and out.split("highest behaviour KL")[1].split()[0] == "0.500"
+    assert out.split("training reward, last 5 steps (negated)")[1].split()[0] == "1.000"

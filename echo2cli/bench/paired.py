@@ -112,6 +112,32 @@ def seeds_needed(diffs: Sequence[float], half_width: float, level: float = LEVEL
     return n
 
 
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """How well `scores` pick out the `positive` cases: the chance that a positive case scores above a negative
+    one, ties counting half (Mann-Whitney U / (positives * negatives), from ranks with ties averaged). 0.5 when
+    the score says nothing about which cases are positive, 1 (or 0) when it orders them all; None without a case
+    of each kind."""
+    x = np.asarray(scores, dtype=np.float64)
+    pos = np.asarray(positive, dtype=bool)
+    n1, n0 = int(pos.sum()), int((~pos).sum())
+    if not n1 or not n0:
+        return None
+    values, inverse = np.unique(x, return_inverse=True)
+    counts = np.bincount(inverse, minlength=values.size)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    ranks = (first + (counts - 1) / 2 + 1)[inverse]  # 1-based, a tie's ranks averaged
+    return float((ranks[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """The two-sided exact binomial p of `wins` against `losses` if either were equally likely: McNemar's exact
+    test on the discordant pairs (seeds where only one of two settings ended below a bar)."""
+    n, k = wins + losses, min(wins, losses)
+    if not n:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
 def time_to(curve: Sequence[Mapping[str, Any]], target: float) -> float | None:
     """The `time_s` of the first point of a held-out curve (points in training order, each with `time_s` and
     `greedy_accuracy`) at or above `target`; None if the run never reached it."""
