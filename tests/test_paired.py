@@ -367,12 +367,12 @@ def test_the_tail_script_counts_the_low_runs_and_scores_each_signal(tmp_path, mo
     tail = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tail)
 
-    def run(staleness, seed, acc, kl):
+    def run(staleness, seed, acc, kl, steps=20):
         health = {
-            "train/is_ess": [1.0, None] + [0.9] * 18,  # a step without stale tokens has no value
-            "train/kl_behaviour": [0.0] * 19 + [kl],
-            "train/clipfrac": [0.1] * 20,
-            "train/is_truncated_frac": [0.0] * 20,
+            "train/is_ess": [1.0, None] + [0.9] * (steps - 2),  # a step without stale tokens has no value
+            "train/kl_behaviour": [0.0] * (steps - 1) + [kl],
+            "train/clipfrac": [0.1] * steps,
+            "train/is_truncated_frac": [0.0] * steps,
         }
         return {
             "staleness": staleness,
@@ -380,12 +380,13 @@ def test_the_tail_script_counts_the_low_runs_and_scores_each_signal(tmp_path, mo
             "adaptive": False,
             "lora_rank": 0,
             "seed": seed,
-            "steps": 20,
+            "steps": steps,
             "eval_problems": 340,
             "eval_greedy_accuracy": acc,
-            "reward": [acc] * 20,
+            "reward": [acc] * steps,
             "health": health,
             "guard": [],
+            "steady_s": 100.0 + staleness,
         }
 
     s0 = [0.7, 0.7, 0.4, 0.7, 0.7]
@@ -398,9 +399,24 @@ def test_the_tail_script_counts_the_low_runs_and_scores_each_signal(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["staleness_tail.py", "--rows", str(tmp_path / "rows.jsonl")])
     tail.main()
     out = capsys.readouterr().out
-    assert "5 seeds (0-4)" in out
+    assert "5 seeds (0, 1, 2, 3, 4), S = 4 against S = 0 (20 steps)" in out
     assert "below 0.5: S = 4 3, S = 0 1; only S = 4 2, only S = 0 0, both 1; McNemar exact p = 0.5" in out
     assert "mean -0.140" in out and "over the 2 seeds where both end at or above 0.5: +0.000" in out
     # the highest KL of the low runs (0.5, 0.1, 0.3) against the others (0.2, 0.4): 3 of 6 pairs above
     assert "highest behaviour KL" in out and out.split("highest behaviour KL")[1].split()[0] == "0.500"
     assert out.split("training reward, last 5 steps (negated)")[1].split()[0] == "1.000"
+
+    # the stale runs from another file and of another length, against the same S = 0 runs and their own 20-step ones
+    longer = [run(4, seed, acc, 0.0, steps=27) for seed, acc in [(0, 0.6), (1, 0.3), (3, 0.8), (7, 0.2)]]
+    (tmp_path / "longer.jsonl").write_text("".join(json.dumps(r) + "\n" for r in longer))
+    argv = ["staleness_tail.py", "--rows", str(tmp_path / "rows.jsonl"), "--stale-rows", str(tmp_path / "longer.jsonl")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--stale-steps", "27"])
+    tail.main()
+    out = capsys.readouterr().out
+    assert "3 seeds (0, 1, 3), S = 4 (27 steps) against S = 0 (20 steps)" in out  # seed 7 has no S = 0 run
+    assert "below 0.5: S = 4 (27 steps) 1, S = 0 0; only S = 4 (27 steps) 1, only S = 0 0, both 0" in out
+    assert "below 0.5: S = 4 (27 steps) 1, S = 4 (20 steps) 2; only S = 4 (27 steps) 0, only S = 4 (20 steps) 1" in out
+    assert "S = 0 100 s, S = 4 (27 steps) 104 s" in out
+    monkeypatch.setattr(sys, "argv", argv)  # no 20-step S = 4 run in the longer file: a one-line stop
+    with pytest.raises(SystemExit, match="0 seed\\(s\\) of S = 4 over 20 steps"):
+        tail.main()
