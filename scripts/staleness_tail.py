@@ -25,13 +25,14 @@ ended low at 20 steps end at or above the bar later), and each side's wall time 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from echo2cli.bench.paired import auc, censored_median, describe, paired_difference, sign_test
 from echo2cli.bench.staleness import replayed_flags, run_score, score_key
+from echo2cli.metrics import read_metrics
 
 
 def comparable(row: dict[str, Any], staleness: int, steps: int = 20) -> bool:
@@ -46,7 +47,7 @@ def comparable(row: dict[str, Any], staleness: int, steps: int = 20) -> bool:
     )
 
 
-def worst(values: list[float | None], pick: Any) -> float:
+def worst(values: list[float | None], pick: Callable[[list[float]], float]) -> float:
     """The worst step of one health series (`pick`: min or max), steps without a value (no stale tokens) left out."""
     present = [v for v in values if v is not None]
     return float(pick(present)) if present else 0.0
@@ -92,10 +93,6 @@ def compare(runs: dict[str, dict[int, dict[str, Any]]], below: float, key: str) 
     return low[name]
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=Path, default=Path("docs/bench_staleness_pairs/rows.jsonl"))
@@ -108,10 +105,10 @@ def main() -> None:
     if a.staleness < 1:
         ap.error(f"--staleness {a.staleness}: give the stale setting (>= 1); it is paired with S = 0")
 
-    rows = read_rows(a.rows)
+    rows = read_metrics(a.rows)
     key = score_key(a.score_mix)
     sync = {r["seed"]: r for r in rows if comparable(r, 0)}
-    stale_rows = rows if a.stale_rows is None else read_rows(a.stale_rows)
+    stale_rows = rows if a.stale_rows is None else read_metrics(a.stale_rows)
     stale = {r["seed"]: r for r in stale_rows if comparable(r, a.staleness, a.stale_steps) and r["seed"] in sync}
     if len(stale) < 2:
         raise SystemExit(
