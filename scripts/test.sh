@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The test command: set up .venv (idempotent), lint (ruff), format check (ruff format), types (mypy),
-# then every test, quick and integration.
-#   bash scripts/test.sh                 # everything (33-45 min on 2 cores after setup; CI runs this)
-#   bash scripts/test.sh -m "not slow"   # without the fault-injection runs
-#   bash scripts/test.sh -m "not integration"   # lint, types and the unit tests only (~5 min)
+# then every test, quick and integration. At the end pytest prints each module's time against its budget
+# (tests/budgets.toml, tests/budget_report.py) and names the modules over budget; nothing fails on time.
+#   bash scripts/test.sh                          # everything per push (CI runs this; docs/results.md has its time)
+#   bash scripts/test.sh -m "not integration"     # lint, types and the unit tests only
+#   bash scripts/test.sh --extended               # also the long variants: the 6-kill churn, the 11,000-request
+#                                                 # fuzz, the late joiner on a 30 Mbit/s link, the network cut
+# Run --extended before resolving work on the worker, the learner's API or the broadcast plane.
+# Randomized runs print their seed and take it from the environment: ECHO2_CHURN_SEED, ECHO2_FUZZ_SEED.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"

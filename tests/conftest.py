@@ -6,7 +6,31 @@ from echo2cli.learner.coordinator import Coordinator
 from echo2cli.protocol import RolloutBatch, Sample
 from echo2cli.tasks.arithmetic import ArithmeticTask
 
+pytest_plugins = [
+    "budget_report",  # each module's time against tests/budgets.toml
+    "integration_fixtures",  # what the integration modules share: an engine, a smaller model, a Hub cache
+]
+
 FAILED_MODULES: set[str] = set()  # modules with a failed test (or fixture): their directories are kept to look at
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="also run the long variants (marker `extended`): the 6-kill churn, the 11,000-request fuzz, the late "
+        "joiner on a 30 Mbit/s link, the network cut. Run them before resolving work on the worker, the learner's "
+        "API or the broadcast plane; per-push CI does not.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--extended"):
+        return
+    skip = pytest.mark.skip(reason="a long variant: run with `bash scripts/test.sh --extended`")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.hookimpl(wrapper=True)
