@@ -43,10 +43,10 @@ from echo2cli.tasks.scoring import Scorer
 EPISODE_CONTEXT = 4096  # a multi-turn task's engine context: the prompt and every turn and observation after it
 
 
-def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
+def eval_command(cfg: EvalConfig, engine: Any = None) -> tuple[dict[str, Any], Path | None]:
     """`echo2 eval`: resolve the model, task, options and completion length (from `--run` where given), evaluate,
     write the result where asked (with --run, by default `RUN/eval/TASK-step_N.json`, or `TASK-vN.json` for each
-    version). Returns it and its path."""
+    version). Returns it and its path. `engine`: as `evaluate`'s."""
     task, model, max_new_tokens, options, checkpoint = cfg.task, cfg.model, cfg.max_new_tokens, {}, None
     wire = "bf16"  # a run's versions' dtype; runs from before --wire-dtype published in bf16
     versions = parse_versions(cfg.version)
@@ -83,6 +83,7 @@ def eval_command(cfg: EvalConfig) -> tuple[dict[str, Any], Path | None]:
             kv_cache_gib=cfg.kv_cache_gib,
             then=then,
             revision=cfg.revision,
+            engine=engine,
         )
     if versions:
         result["version"] = versions[0]
@@ -341,13 +342,16 @@ def evaluate(
     kv_cache_gib: float = 4.0,
     then: Sequence[Path] = (),
     revision: str | None = None,
+    engine: Any = None,
 ) -> dict[str, Any]:
     """`model` on the task's first `limit` held-out problems. `then`: more weights of the same model (directories
     holding a model.safetensors: a run's versions) swapped into the same engine after it and evaluated on the same
-    problems, one engine start for all; their results are listed under "then". `revision`: of a Hub id."""
-    from transformers import AutoTokenizer
+    problems, one engine start for all; their results are listed under "then". `revision`: of a Hub id.
 
-    from echo2cli.worker.engine import Engine
+    `engine`: a running engine of the same architecture (an `Engine` with a context long enough for the task) to
+    evaluate on instead of starting one: `model`'s weights are swapped into it first, and it is left running with
+    the last weights evaluated. Several evaluations then share one engine start (the test suite does)."""
+    from transformers import AutoTokenizer
 
     model_dir: Path = resolve_model(model, revision)
     task = load_task(task_name, task_options)
@@ -357,10 +361,9 @@ def evaluate(
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = [encode_chat(tok, p.messages) for p in problems]
     t0 = time.perf_counter()
-    # room for every problem's k samples at once; every CPU, since nothing else runs on this engine's machine
     episodic = is_episodic(task)
-    context = EPISODE_CONTEXT if episodic else 1024
-    engine = Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True, max_model_len=context)
+    own = engine is None
+    engine = _engine_for(model_dir, EPISODE_CONTEXT if episodic else 1024, seed, kv_cache_gib, engine)
     t_engine = time.perf_counter() - t0
     scorer = Scorer(task_name, task_options, timeout_s=reward_timeout_s, tokenizer_dir=str(model_dir))
     results, run = [], _play_and_score if episodic else _generate_and_score
@@ -374,11 +377,25 @@ def evaluate(
             results[-1] |= by_level(problems, scores[: len(problems)], getattr(task, "level_weights", None))
     finally:
         scorer.close()
-        engine.close()
+        if own:
+            engine.close()
     head = {"model": str(model_dir), "task": task.name, "problems": len(problems), "k": k}
     head |= {"max_new_tokens": max_new_tokens, "seed": seed}
     tail = {"reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts, "t_engine_s": t_engine}
     return {**head, **results[0], **tail, **({"then": results[1:]} if then else {})}
+
+
+def _engine_for(model_dir: Path, context: int, seed: int, kv_cache_gib: float, given: Any) -> Any:
+    """An engine holding `model_dir`'s weights: `given` with them swapped in (it must hold `context` tokens), or a
+    new one with room for every problem's k samples at once, on every CPU (nothing else runs on its machine)."""
+    from echo2cli.worker.engine import Engine
+
+    if given is None:
+        return Engine(model_dir, seed=seed, kv_cache_gib=kv_cache_gib, all_cpus=True, max_model_len=context)
+    if given.max_model_len < context:
+        raise ValueError(f"the engine given holds {given.max_model_len} tokens; this task needs {context}")
+    given.reload(model_dir)
+    return given
 
 
 def _result(

@@ -1,13 +1,12 @@
 """The worker's engine and the learner's trainer agree on what a sampled token's log-prob is.
 
-Real vLLM (CPU) on the default model exported in bf16 exactly as the learner publishes a version, and the
-real Trainer on the fp32 weights it was exported from. For the same tokens, the behaviour log-probs the
-engine returns and the trainer's must agree at T = 1 and at T = 0.7 (both are log softmax(z / T)); a trainer
-that ignored T (echo2 before this test) is far off at T = 0.7. Also: a prompt longer than the engine's
-context comes back without completions, and the others in the same call are generated. And after a hot swap to
-weights whose tied embedding changed, the engine scores with the new LM head, as a worker's engine must after
-every version it swaps in.
-"""
+Real vLLM (CPU; the session's shared engine, `integration_fixtures.engine`) on the default model exported in bf16
+exactly as the learner publishes a version, and the real Trainer on the fp32 weights it was exported from. For the
+same tokens, the behaviour log-probs the engine returns and the trainer's must agree at T = 1 and at T = 0.7 (both
+are log softmax(z / T)); a trainer that ignored T (echo2 before this test) is far off at T = 0.7. Also: a prompt
+longer than the engine's context comes back without completions, and the others in the same call are generated. And
+after a hot swap to weights whose tied embedding changed, the engine scores with the new LM head, as a worker's
+engine must after every version it swaps in."""
 
 from __future__ import annotations
 
@@ -18,33 +17,30 @@ import torch
 
 from echo2cli.learner.trainer import Trainer
 from echo2cli.learner.types import Group
-from echo2cli.models import model_dir_with_weights, prepare_default_model
+from echo2cli.models import prepare_default_model
 from echo2cli.protocol import Sample
 from echo2cli.tasks import encode_chat
 from echo2cli.tasks.arithmetic import ArithmeticTask
 
 pytestmark = pytest.mark.integration
 
-PROMPTS, N, NEW_TOKENS, MAX_MODEL_LEN = 12, 4, 16, 256
+PROMPTS, N, NEW_TOKENS = 12, 4, 16
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, engine):
+    """The trainer on the default model, and the session's engine on its weights exported in bf16 as published."""
     from transformers import AutoTokenizer
-
-    from echo2cli.worker.engine import Engine
 
     base = prepare_default_model()
     trainer = Trainer(base, lr=1e-6, clip_eps=0.2, is_cap=3.0, kl_coef=0.0, max_grad_norm=1.0, micro_batch=16)
     export = tmp_path_factory.mktemp("v0")
     trainer.export_weights(export / "weights" / "model.safetensors")  # bf16, as published
-    model_dir = model_dir_with_weights(export / "model", base, export / "weights" / "model.safetensors")
     tok = AutoTokenizer.from_pretrained(base)
     problems = ArithmeticTask().prompts(seed=1, split="train")
     prompts = [encode_chat(tok, next(problems).messages) for _ in range(PROMPTS)]
-    engine = Engine(model_dir, kv_cache_gib=0.5, max_model_len=MAX_MODEL_LEN, seed=0)
-    yield trainer, engine, prompts
-    engine.close()
+    engine.reload(export / "weights")
+    return trainer, engine, prompts
 
 
 def trainer_logps(trainer: Trainer, prompts, groups, temperature: float) -> tuple[list[float], list[float]]:
@@ -84,7 +80,7 @@ def test_engine_and_trainer_log_probs_agree_at_the_sampling_temperature(setup, t
 
 def test_a_prompt_longer_than_the_engines_context_gets_no_completions_and_the_rest_do(setup):
     _, engine, prompts = setup
-    too_long = prompts[0] * (MAX_MODEL_LEN // len(prompts[0]) + 1)
+    too_long = prompts[0] * (engine.max_model_len // len(prompts[0]) + 1)
     groups = engine.generate([prompts[1], too_long, prompts[2]], n=2, temperature=1.0, max_new_tokens=4)
     assert [len(g) for g in groups] == [2, 0, 2]
 

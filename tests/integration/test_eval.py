@@ -1,10 +1,11 @@
 """`echo2 eval` with real vLLM: a run directory's checkpoint and a published version on the run's task, and
-each built-in task on the default model. Problems are few (this is about the plumbing; docs/BENCHMARKS.md
-has 200-problem figures).
+each built-in task on the default model. Problems are few (this is about the plumbing; docs/results.md has the
+200-problem figures).
 
-Most of an eval's time is its engine's start: three processes, each importing torch and vLLM on one core. So the
-evals run in two lanes at once, each lane's engines bound to a core of their own (`evals`), and the tests check
-their results: the 7 evals took 288 s here against 358 s one after another (docs/BENCHMARKS.md)."""
+Most of an eval's time is its engine's start, so one evaluation runs as the command a user types (`echo2 eval
+--run ... --version 4,5`: its own engine, two versions swapped into it, files written) and every other one runs
+in this process on the session's shared engine (`integration_fixtures.engine`, `evaluate(..., engine=)`), which
+swaps each model's weights in first. The command runs in a thread beside them."""
 
 from __future__ import annotations
 
@@ -14,29 +15,31 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from echo2cli.evaluate import engine_in_fp32
+from echo2cli.config import EvalConfig
+from echo2cli.evaluate import engine_in_fp32, eval_command
 from echo2cli.learner.checkpoint import STATE_FILE
 from echo2cli.models import prepare_default_model
+from echo2cli.tasks import load_task
 
 pytestmark = pytest.mark.integration
 
 # math suggests 128 new tokens; 16 still reach the reward and cost an eighth of the generation
-SHORT = ("--max-new-tokens", "16")
+SHORT = 16
+TESTS = Path(__file__).parent.parent
 
 
-def run_eval(*args: str, env: dict[str, str] | None = None) -> dict:
-    env = {**os.environ, **(env or {})}
+def run_eval_command(*args: str, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "echo2cli", "eval", "--json", *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env={**os.environ, **env},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # vLLM logs its shutdown on stdout after ours: take the result line
@@ -44,106 +47,102 @@ def run_eval(*args: str, env: dict[str, str] | None = None) -> dict:
 
 
 def check(result: dict, problems: int) -> None:
-    assert result["problems"] == problems
+    """What every evaluation's result must satisfy, whatever the model answered."""
+    n, k = result["problems"], result["k"]
+    assert n == problems
     for key in ("greedy_accuracy", "greedy_reward", "pass_at_k", "sampled_reward"):
         assert 0.0 <= result[key] <= 1.0, key
-    assert result["pass_at_k"] >= result["greedy_accuracy"] - 0.5  # k samples rarely do much worse than greedy
+    # the accuracy is the share of the problems listed as solved, and pass@k a share of whole problems
+    assert result["greedy_accuracy"] == pytest.approx(len(result["greedy_solved"]) / n)
+    assert len(set(result["greedy_solved"])) == len(result["greedy_solved"])
+    assert result["pass_at_k"] * n == pytest.approx(round(result["pass_at_k"] * n))
+    if k == 0:  # greedy only: "any of k" is then the greedy completion itself
+        assert result["pass_at_k"] == result["greedy_accuracy"]
     assert result["reward_errors"] == 0 and result["reward_timeouts"] == 0
-    assert result["examples"] and all(e["prompt"] for e in result["examples"])
+    examples = result["examples"]
+    assert len(examples) == min(5, n) and all(e["prompt"] for e in examples)
 
 
 @pytest.fixture(scope="module")
-def evals(tmp_path_factory):
-    """Every eval of this module, started in two lanes of one core each; `evals[name]` is its future result."""
+def run(tmp_path_factory):
+    """A run directory: a checkpoint at step 3 (the default weights), version 4 (the same weights) and version 5
+    (its final norm zeroed, so every logit is 0 and greedy decoding repeats token 0)."""
+    from safetensors.torch import load_file, save_file
+
     run = tmp_path_factory.mktemp("eval") / "run"
     ckpt = run / "checkpoints" / "step_000003"
     shutil.copytree(prepare_default_model(), ckpt)
     config = {"task": "arithmetic", "task_options": {}, "max_new_tokens": 8}
     (ckpt / STATE_FILE).write_text(json.dumps({"step": 3, "config": config, "coordinator": {}}))
-    # published versions: version 4 holds the checkpoint's weights; version 5's final norm is zeroed, so every
-    # logit is 0 and greedy decoding repeats token 0
-    from safetensors.torch import load_file, save_file
-
     weights = load_file(str(ckpt / "model.safetensors"))
     for version in (4, 5):
         (run / "versions" / f"v{version:06d}").mkdir(parents=True)
         if version == 5:
             weights["model.norm.weight"].zero_()
         save_file(weights, str(run / "versions" / f"v{version:06d}" / "model.safetensors"), metadata={"format": "pt"})
+    return run, ckpt
+
+
+@pytest.fixture(scope="module")
+def command(run):
+    """`echo2 eval --run RUN --version 4,5` as a process of its own, started at once in a thread; its result."""
     # vLLM names its ZMQ sockets as files in the temp directory (a short path: a socket's name must fit in 107 bytes)
-    tmpdirs = {task: tempfile.mkdtemp(prefix="e2-") for task in ("math", "poker")}
-    tiny = Path(__file__).parent.parent / "data" / "gsm8k_tiny"
-    verifiers = ["--option", "env=vf-tiny-sums", "--option", 'env_args={"num_tasks": 40}', "--max-new-tokens", "8"]
-    jobs = {  # name: (lane, args, env)
-        "checkpoint": (0, ["--run", str(run), "--limit", "12", "--k", "2"], {}),
-        "versions": (0, ["--run", str(run), "--version", "4,5", "--limit", "12", "--k", "2"], {}),
-        "math": (0, ["--task", "math", "--limit", "6", "--k", "2", *SHORT], {"TMPDIR": tmpdirs["math"]}),
-        "parquet": (
-            0,
-            ["--task", "math", "--option", f"path={tiny}", "--option", "eval_split=test", "--k", "2", *SHORT],
-            {},
-        ),
-        "poker": (1, ["--task", "poker", "--limit", "6", "--k", "2", *SHORT], {"TMPDIR": tmpdirs["poker"]}),
-        "hands": (1, ["--task", "poker_hands", "--option", "unreadable=call", "--limit", "4", "--k", "2"], {}),
-        "verifiers": (
-            1,
-            ["--task", "verifiers", *verifiers],
-            {"PYTHONPATH": str(Path(__file__).parent.parent / "vf_envs")},
-        ),
-    }
-    cores = sorted(os.sched_getaffinity(0))
-    lanes = [ThreadPoolExecutor(max_workers=1) for _ in range(2)]  # one eval at a time in each lane, in order
-    futures: dict[str, Future] = {}
-    for name, (lane, args, env) in jobs.items():
-        bind = {"VLLM_CPU_OMP_THREADS_BIND": str(cores[lane % len(cores)])}
-        futures[name] = lanes[lane].submit(run_eval, *args, env={**env, **bind})
-    yield {"run": run, "ckpt": ckpt, "tmpdirs": tmpdirs, **futures}
-    for pool in lanes:
-        pool.shutdown(wait=True)
-    for tmp in tmpdirs.values():
-        shutil.rmtree(tmp, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix="e2-")
+    args = ["--run", str(run[0]), "--version", "4,5", "--limit", "12", "--k", "2"]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(run_eval_command, *args, env={"TMPDIR": tmp})
+        yield future, tmp
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(evals):
-    run, ckpt = evals["run"], evals["ckpt"]
-    result = evals["checkpoint"].result()
+def evaluate_here(engine, **fields) -> dict:
+    result, _ = eval_command(EvalConfig(**fields), engine=engine)
+    return result
+
+
+def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(run, command, engine, tmp_path):
+    run, ckpt = run
+    result = evaluate_here(engine, run=run, limit=12, k=2)
     check(result, 12)
     # an engine computing in fp32 gets the checkpoint rounded to bf16 as published, from a directory of its own
     assert (f"{run}/eval-step_000003-" if engine_in_fp32() else str(ckpt)) in result["model"]
     assert result["task"] == "arithmetic" and result["max_new_tokens"] == 8
     written = json.loads((run / "eval" / "arithmetic-step_000003.json").read_text())
     assert written["greedy_accuracy"] == result["greedy_accuracy"]
+    # version 4 holds the checkpoint's weights: in the same engine, the same greedy answers
+    version = evaluate_here(engine, run=run, version="4", limit=12, k=0, out=tmp_path / "v4.json")
+    assert [e["greedy"] for e in version["examples"]] == [e["greedy"] for e in result["examples"]]
 
 
-def test_eval_of_published_versions_swaps_each_into_one_engine(evals):
-    run, result = evals["run"], evals["checkpoint"].result()
-    both = evals["versions"].result()
+def test_eval_command_of_published_versions_swaps_each_into_one_engine(run, command):
+    run, _ = run
+    future, tmp = command
+    both = future.result()
     check(both, 12)
     (later,) = both["then"]
     assert both["version"] == 4 and later["version"] == 5
     assert "eval-v4-" in both["model"] and both["max_new_tokens"] == 8
-    # version 4 holds the checkpoint's weights: the same greedy answers; version 5's differ only if the engine
-    # really swapped the weights
-    assert [e["greedy"] for e in both["examples"]] == [e["greedy"] for e in result["examples"]]
+    # version 5's greedy answers differ from version 4's only if the engine really swapped the weights
     assert [e["greedy"] for e in later["examples"]] != [e["greedy"] for e in both["examples"]]
     assert later["greedy_accuracy"] == 0.0
     assert (run / "eval" / "arithmetic-v000004.json").exists()
     assert json.loads((run / "eval" / "arithmetic-v000005.json").read_text())["version"] == 5
     assert not list(run.glob("eval-*-*"))  # the model directories are removed afterwards
+    # vLLM never removes its ZMQ socket files (hundreds were left in /tmp after a test run); the engine's process
+    # must leave nothing in its temp directory but torch's compile cache, which every run shares
+    assert not [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]
 
 
 @pytest.mark.parametrize("task", ["math", "poker"])
-def test_eval_of_each_builtin_task_on_the_default_model(evals, task):
-    check(evals[task].result(), 6)
-    # vLLM never removes its ZMQ socket files (hundreds were left in /tmp after a test run); the engine's process
-    # must leave nothing in its temp directory but torch's compile cache, which every run shares
-    assert not [name for name in os.listdir(evals["tmpdirs"][task]) if not name.startswith("torchinductor_")]
+def test_eval_of_each_builtin_task_on_the_default_model(engine, task):
+    check(evaluate_here(engine, task=task, limit=6, k=2, max_new_tokens=SHORT), 6)
 
 
-def test_eval_of_a_parquet_dataset_on_its_test_split(evals):
-    result = evals["parquet"].result()
+def test_eval_of_a_parquet_dataset_on_its_test_split(engine):
+    tiny = TESTS / "data" / "gsm8k_tiny"
+    result = evaluate_here(engine, task="math", option=[f"path={tiny}", "eval_split=test"], k=2, max_new_tokens=SHORT)
     check(result, 4)  # the test split's 4 problems, none of the 12 training ones
-    assert {e["prompt"].split(".")[0] for e in result["examples"]} <= {
+    assert {e["prompt"].split(".")[0] for e in result["examples"]} == {
         "A farmer has 7 cows and buys 6 more",
         "A class of 18 splits into 3 equal teams",
         "Ben has 11 marbles and loses 5",
@@ -151,15 +150,19 @@ def test_eval_of_a_parquet_dataset_on_its_test_split(evals):
     }
 
 
-def test_eval_of_a_verifiers_environment(evals):
-    result = evals["verifiers"].result()
-    check(result, result["problems"])
-    assert result["task"] == "verifiers" and "greedy_correct" in result and 4 <= result["problems"] <= 16
+def test_eval_of_a_verifiers_environment(engine, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS / "vf_envs"))
+    options = ["env=vf-tiny-sums", 'env_args={"num_tasks": 40}']
+    held_out = len(load_task("verifiers", {"env": "vf-tiny-sums", "env_args": {"num_tasks": 40}}).eval)
+    result = evaluate_here(engine, task="verifiers", option=options, max_new_tokens=8, k=2)
+    assert 4 <= held_out <= 16  # bucket 0 of 5 of 40 task keys
+    check(result, held_out)
+    assert result["task"] == "verifiers" and "greedy_correct" in result
 
 
-def test_eval_of_whole_poker_hands_plays_each_hand_turn_by_turn(evals):
-    result = evals["hands"].result()
+def test_eval_of_whole_poker_hands_plays_each_hand_turn_by_turn(engine):
+    result = evaluate_here(engine, task="poker_hands", option=["unreadable=call"], limit=4, k=2)
     check(result, 4)
-    assert result["reward_errors"] == 0 and -200 <= result["greedy_chips"] <= 200
+    assert -200 <= result["greedy_chips"] <= 200
     assert result["greedy_turns"] > 1  # an unreadable answer calls: the hands go on past the first decision
     assert "<|im_start|>user" in result["examples"][0]["greedy"]  # the observations between the turns
