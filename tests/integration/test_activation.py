@@ -1,12 +1,12 @@
 """Cost-aware activation with real processes: a cheap slow worker and an expensive fast one join a learner.
 
-The slow worker is throttled to 0.5 rollouts/s at $0.5/h (rho = 2.8e-4 $/rollout); the fast one runs
-vLLM unthrottled at $1/h, so it is cheaper per rollout whenever it makes more than 1 rollout/s, and alone
-it covers gamma*mu_min of this small run (B = 16 rollouts per step of a few seconds). The slow worker's
-lease is one prompt (4 rollouts, 8 s), so it comes back within the run even when the fast worker makes a
-step every 3 s, and S = STEPS, so no lease can come back stale. Every decision
-the learner logs must be the one `plan()` makes from the measurements it logged, and a worker on standby
-must get no lease until a later decision wakes it.
+The slow worker is throttled to 1 rollout/s at $0.75/h (rho = 2.1e-4 $/rollout); the fast one runs vLLM
+unthrottled at $1/h, so it is cheaper per rollout whenever it makes more than 4/3 rollouts/s (on the default model
+cut to two layers, `plumbing_model.py`, a CPU engine makes tens), and alone it covers gamma*mu_min of this small run
+(B = 16 rollouts per step of a second or two). The slow worker's lease is one prompt (4 rollouts, 4 s), so it comes
+back within the run, and S = STEPS, so no lease can come back stale. Every decision the learner logs must be the
+one `plan()` makes from the measurements it logged, and a worker on standby must get no lease until a later
+decision wakes it.
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ from echo2cli.plan.model import PlanInputs, WorkerSpec, plan
 
 pytestmark = pytest.mark.integration
 
-STEPS = 8
+STEPS = 16
+SLOW_USD, SLOW_MU, FAST_USD = 0.75, 1.0, 1.0  # the fast worker is cheaper per rollout above 4/3 rollouts/s
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, plumbing_model):
     out = tmp_path_factory.mktemp("activation")
     port = free_port()
     learner = spawn(
         [
             "learner",
+            "--model",
+            str(plumbing_model),  # the decisions depend on measured rates, not on what the model says
             "--out",
             str(out),
             "--steps",
@@ -63,8 +66,15 @@ def run(tmp_path_factory):
     wait_listening(learner, out)
     url = f"http://127.0.0.1:{port}"
     specs = {
-        "cheap-slow": ["--usd-per-hour", "0.5", "--max-rollouts-per-s", "0.5", "--prompts-per-lease", "1"],
-        "pricey-fast": ["--usd-per-hour", "1.0", "--prompts-per-lease", "2"],
+        "cheap-slow": [
+            "--usd-per-hour",
+            str(SLOW_USD),
+            "--max-rollouts-per-s",
+            str(SLOW_MU),
+            "--prompts-per-lease",
+            "1",
+        ],
+        "pricey-fast": ["--usd-per-hour", str(FAST_USD), "--prompts-per-lease", "2"],
     }
     workers = [
         spawn(
@@ -115,7 +125,9 @@ def test_cheap_slow_worker_stands_by_while_the_fast_one_is_cheaper_per_rollout(r
     assert both, "no decision saw both workers' throughput"
     last = both[-1]
     mu = {w["name"]: w["rollouts_per_s"] for w in last["workers"]}
-    assert mu["cheap-slow"] <= 0.51 and mu["pricey-fast"] > 1  # the throttle held; fast is cheaper per rollout
+    assert mu["cheap-slow"] <= SLOW_MU * 1.02, mu  # the throttle held
+    # the premise: fast is cheaper per rollout (rho = $/h / rollouts/s), with a margin of 3x on the fast's rate
+    assert FAST_USD / mu["pricey-fast"] < SLOW_USD / mu["cheap-slow"], mu
     assert last["active"] == ["pricey-fast"] and last["standby"] == ["cheap-slow"]
 
 

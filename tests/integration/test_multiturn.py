@@ -14,7 +14,6 @@ from procs import finish, spawn, wait_listening
 from echo2cli import __version__
 from echo2cli.demo import free_port
 from echo2cli.metrics import read_metrics
-from echo2cli.models import prepare_default_model
 from echo2cli.protocol import JoinRequest, LeaseRequest, RolloutBatch, Sample
 from echo2cli.tasks.episodes import Turns, play
 from echo2cli.worker.client import LearnerClient
@@ -74,7 +73,7 @@ def hostile_round(client, worker_id, turns, forge: bool):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, plumbing_model):
     from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("multiturn")
@@ -83,11 +82,12 @@ def run(tmp_path_factory):
     args = ["learner", "--config", str(out / "run.toml"), "--out", str(out), "--steps", str(STEPS)]
     args += ["--prompts-per-step", "2", "-G", str(G), "--max-new-tokens", "16", "-S", "1", "--port", str(port)]
     args += ["--bt-listen", "127.0.0.1:0", "--checkpoint-every", "0", "--token", "t0k3n", "--quiet"]
+    args += ["--model", str(plumbing_model)]  # the checks are on transcripts and their replay, not on the play
     learner = spawn(args, out / "learner.log")
     url = f"http://127.0.0.1:{port}"
     wait_listening(learner, out)
 
-    turns = Turns(AutoTokenizer.from_pretrained(prepare_default_model()))
+    turns = Turns(AutoTokenizer.from_pretrained(plumbing_model))
     client = LearnerClient(url, "t0k3n")
     joined = client.join(JoinRequest(name="mallory", echo2_version=__version__))
     assert joined.max_turns == 4 and joined.transcript_tokens > 4 * 16 and joined.hidden_state

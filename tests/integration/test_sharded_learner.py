@@ -44,10 +44,11 @@ def ranks_alive(out) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, plumbing_model):
     out = tmp_path_factory.mktemp("sharded")
     port = free_port()
     args = ["learner", "--nproc-per-node", "2", "--out", str(out), "--port", str(port), "--bt-listen", "127.0.0.1:0"]
+    args += ["--model", str(plumbing_model)]  # nothing here depends on what the model says
     args += ["--steps", str(STEPS), "--prompts-per-step", "2", "-G", "4", "--max-new-tokens", "8", "-S", "1"]
     args += ["--checkpoint-every", "2", "--token", "t0k3n", "--max-tokens-per-micro-batch", "256", "--quiet"]
     learner = spawn(args, out / "learner.log")
