@@ -29,13 +29,18 @@ pick_python() {
   echo "setup: need Python >= 3.11 on PATH" >&2; return 1
 }
 
-# The NAT tests (and `echo2 bench broadcast --links` with nat or firewall workers) emulate NAT with iptables
-# inside network namespaces. As root (as on CI) it is installed when missing; elsewhere those tests skip.
-if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  echo "setup: installing iptables (NAT emulation in the network-namespace tests)"
-  apt_install() { timeout 300 apt-get install -y -q --no-install-recommends iptables >/dev/null 2>&1; }
+# System tools some tests use, installed as root (as on CI) when missing; elsewhere those tests skip:
+# - iptables: the NAT tests (and `echo2 bench broadcast --links` with nat or firewall workers) emulate NAT with it
+#   inside network namespaces;
+# - aria2: the end-to-end run checks that a stock BitTorrent client (aria2c) fetches a published version.
+missing=()
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+command -v aria2c >/dev/null 2>&1 || missing+=(aria2)
+if [ "$(id -u)" = 0 ] && [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing ${missing[*]} (tests of NAT emulation and of a stock BitTorrent client)"
+  apt_install() { timeout 300 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1; }
   apt_install || { timeout 300 apt-get update -q >/dev/null 2>&1 && apt_install; } ||
-    echo "setup: could not install iptables: the NAT tests will skip"
+    echo "setup: could not install ${missing[*]}: the tests that need them will skip"
 fi
 
 stamp_of() { cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16; }

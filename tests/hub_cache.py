@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+HUB_REPO = "echo2-test/SmolLM2-135M-sharded"  # the default model in shards (`integration_fixtures.hf_home`)
+
 
 def add_to_hub_cache(hf_home: Path, repo_id: str, files: dict[str, Path], revision: str = "main") -> Path:
     """`files` (name in the repo -> a file here) as repo `repo_id` at `revision` under `hf_home`; the snapshot."""
@@ -34,3 +36,8 @@ def add_to_hub_cache(hf_home: Path, repo_id: str, files: dict[str, Path], revisi
 def offline_env(hf_home: Path) -> dict[str, str]:
     """The environment of a process that may read only this cache."""
     return {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+
+
+def hub_only(hf_home: Path) -> dict[str, str]:
+    """The environment additions of a process that may read only this cache, offline."""
+    return {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
