@@ -104,7 +104,8 @@ def test_workers_holding_their_share_spare_the_learner_and_take_the_rest_from_ea
         wait_until(done, learner, *workers)
         for k in range(3):
             assert file_digest(tmp_path / f"w{k}" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
-        time.sleep(1.5)  # counters are folded in once a second
+        # upload counters are folded in once a second: wait until they account for the three copies received
+        wait_until(lambda: sum(n.upload_bytes(1) for n in (learner, *workers)) >= 3 * SIZE, learner, *workers)
         assert spared  # the worker whose share arrives last may finish with it
         assert learner.upload_bytes(1) < 1.2 * SIZE
     finally:
@@ -152,7 +153,8 @@ def test_late_joiner_takes_the_version_mostly_from_other_workers(version, tmp_pa
     try:
         wait_until(lambda: late.transfers[1].finished_at is not None, learner, early, late)
         assert file_digest(tmp_path / "late" / vdir.name / WEIGHTS_FILE) == file_digest(vdir / WEIGHTS_FILE)
-        time.sleep(1.5)  # counters are folded in once a second
+        # upload counters are folded in once a second: wait until they account for the copy received
+        wait_until(lambda: learner.upload_bytes(1) + early.upload_bytes(1) >= SIZE, learner, early, late)
         assert learner.upload_bytes(1) < 0.5 * SIZE < early.upload_bytes(1)
     finally:
         for n in (learner, early, late):

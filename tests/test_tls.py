@@ -77,9 +77,12 @@ def https_learner(clock, tmp_path):
 def test_worker_client_joins_over_https_trusting_the_learners_certificate(https_learner):
     url, cert, _ = https_learner
     client = LearnerClient(url, "s3cret", ca_cert=cert)
-    info = client.join(JoinRequest(name="w"))
-    assert info.run_id == "r"
-    assert client.model_file("config.json") == b"{}"
+    try:
+        info = client.join(JoinRequest(name="w"))
+        assert info.run_id == "r"
+        assert client.model_file("config.json") == b"{}"
+    finally:
+        client.close()  # an open keep-alive connection holds the server's shutdown (10 s in the fixture's teardown)
 
 
 def test_an_untrusted_certificate_fails_at_once_naming_ca_cert(https_learner):

@@ -6,7 +6,6 @@ capped links. Needs root, `ip netns` and iptables; skips cleanly elsewhere.
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -47,21 +46,28 @@ def test_a_worker_that_can_reach_only_the_learners_http_port_gets_the_version_fr
 
 
 def test_nat_d_nodes_accept_no_connection_and_firewalled_ones_reach_only_the_open_port():
-    serve = "import socket,sys,time; s=socket.create_server((sys.argv[1], 9000)); time.sleep(30)"
+    serve = (
+        "import socket,sys,time; s=socket.create_server((sys.argv[1], 9000)); print('up', flush=True); time.sleep(30)"
+    )
     dial = (
         "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); print('ok')\n"
         "except OSError: print('no')"
     )
     links = {"learner": PUBLIC, "pub": PUBLIC, "nat": NAT, "fw": FIREWALL}
     with Fleet(links, open_to=("learner", 9000)) as fleet:
-        servers = [subprocess.Popen(fleet.argv(n) + [sys.executable, "-c", serve, fleet.addr(n)]) for n in links]
+        servers = [
+            subprocess.Popen(
+                fleet.argv(n) + [sys.executable, "-c", serve, fleet.addr(n)], stdout=subprocess.PIPE, text=True
+            )
+            for n in links
+        ]
 
         def reach(a: str, b: str) -> str:
             argv = fleet.argv(a) + [sys.executable, "-c", dial, fleet.public_addr(b), "9000"]
             return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
 
         try:
-            time.sleep(1)  # the servers listen
+            assert [s.stdout.readline().strip() for s in servers] == ["up"] * len(servers)  # each one listens
             assert reach("nat", "learner") == "ok" and reach("nat", "pub") == "ok"
             assert reach("pub", "nat") == "no" and reach("learner", "nat") == "no" and reach("nat", "fw") == "no"
             assert reach("fw", "learner") == "ok" and reach("fw", "pub") == "no"

@@ -21,20 +21,37 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent.parent / "dist" / "sharded_step.py"
 RTOL = ATOL = 1e-5
+RUNS: dict[tuple[str, tuple[str, ...], int], Path] = {}  # (model, arguments, ranks) -> the run's directory
+STORE: list[Path] = []
 
 
 def run(model: Path, out: Path, *args: str, ranks: int = 0) -> list[dict]:
-    """`ranks` = 0: the one-process trainer; else torchrun with that many ranks."""
-    out.mkdir(parents=True)
-    if ranks:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    else:
-        cmd = [sys.executable]
-    cmd += [str(SCRIPT), str(model), str(out), "--fp32", *args] + ([] if ranks else ["--plain"])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, timeout=300, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    """`ranks` = 0: the one-process trainer; else torchrun with that many ranks. `out` links to the run's directory,
+    which lives as long as the module: a run with the same arguments as one made already is not made again."""
+    key = (str(model), args, ranks)
+    if key not in RUNS:
+        made = STORE[0] / f"run{len(RUNS)}"
+        made.mkdir()
+        if ranks:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        else:
+            cmd = [sys.executable]
+        cmd += [str(SCRIPT), str(model), str(made), "--fp32", *args] + ([] if ranks else ["--plain"])
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, timeout=300, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        RUNS[key] = made
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.symlink_to(RUNS[key], target_is_directory=True)
     return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def store(tmp_path_factory):
+    """Where this module's runs live (removed with the module's directories when it ends)."""
+    STORE[:] = [tmp_path_factory.mktemp("sharded-runs")]
+    yield
+    RUNS.clear()
 
 
 def assert_close(a: list[dict], b: list[dict], tol: float = RTOL) -> None:
@@ -54,7 +71,7 @@ def assert_same_weights(a: Path, b: Path, tol: float = RTOL) -> None:
 
 def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model_dir, tmp_path):  # noqa: F811
     plain = run(tiny_model_dir, tmp_path / "plain", "--steps=3")
-    run(tiny_model_dir, tmp_path / "plain2", "--steps=2")
+    run(tiny_model_dir, tmp_path / "plain2")  # two steps
     two = run(tiny_model_dir, tmp_path / "two", ranks=2)
     one = run(tiny_model_dir, tmp_path / "one", ranks=1)
     assert 0 < plain[1]["train/trained_frac"] < 1 and plain[2]["train/trained_frac"] == 0  # flat groups (batch())
