@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "reaper-token"
 
 
-def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(tmp_path, plumbing_model):
+def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
@@ -60,8 +60,6 @@ def test_a_killed_worker_leaves_no_engine_behind_and_a_restarted_one_generates(t
     learner = spawn(
         [
             "learner",
-            "--model",
-            str(plumbing_model),  # nothing here depends on what the model says
             "--out",
             str(tmp_path / "run"),
             "--port",
