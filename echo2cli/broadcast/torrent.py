@@ -2,7 +2,7 @@
 
 v1, not v2 or hybrid, so that any ordinary client can fetch a version: Debian's aria2c 1.36, given a
 hybrid torrent made by libtorrent 2.1.1, announced under an info-hash that is not the torrent's and found
-no peer (0 bytes in 120 s; `tests/integration/test_stock_client.py` fetches a v1 version with it). Every
+no peer (0 bytes in 120 s; `tests/integration/test_e2e.py` fetches a v1 version with it). Every
 piece is still verified (SHA-1 per piece: a corrupt piece is detected, its sender banned and the piece
 fetched elsewhere), and a worker loads a version only after the whole file's digest (BLAKE3, `digest.py`), which
 comes from the authenticated API, matches. The piece size targets ~512 pieces (clamped to 256 KiB–4 MiB): a worker
