@@ -13,14 +13,11 @@ hf_home          a Hugging Face Hub cache holding the default model as ~100 MB b
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 from plumbing_model import plumbing_model as build_plumbing_model
-
-ENGINE_CONTEXT = 4096  # a multi-turn evaluation's context (evaluate.EPISODE_CONTEXT)
 
 
 @pytest.fixture(scope="session")
@@ -80,22 +77,12 @@ def engine():
     from echo2cli.models import prepare_default_model
     from echo2cli.worker.engine import Engine
 
-    assert ENGINE_CONTEXT == EPISODE_CONTEXT
-    if "engine" not in SHARED:
-        # vLLM names its ZMQ sockets as files in the temp directory and never removes them: a directory of its own
-        tmp = tempfile.mkdtemp(prefix="e2-")
-        before = os.environ.get("TMPDIR")
-        os.environ["TMPDIR"], tempfile.tempdir = tmp, None
-        try:
-            SHARED["engine"] = Engine(prepare_default_model(), kv_cache_gib=1.0, max_model_len=ENGINE_CONTEXT, seed=0)
-        finally:
-            tempfile.tempdir = None
-            if before is None:
-                os.environ.pop("TMPDIR")
-            else:
-                os.environ["TMPDIR"] = before
-        SHARED["tmp"] = tmp
-    yield SHARED["engine"]
-    if (running := SHARED.pop("engine", None)) is not None:
-        running.close()  # type: ignore[attr-defined]
-    shutil.rmtree(str(SHARED.pop("tmp", "")), ignore_errors=True)
+    # vLLM names its ZMQ sockets as files in the temp directory and never removes them: a directory of its own
+    with tempfile.TemporaryDirectory(prefix="e2-") as tmp, pytest.MonkeyPatch.context() as env:
+        env.setenv("TMPDIR", tmp)
+        env.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+        SHARED["engine"] = Engine(prepare_default_model(), kv_cache_gib=1.0, max_model_len=EPISODE_CONTEXT, seed=0)
+        env.undo()
+        yield SHARED["engine"]
+        if (running := SHARED.pop("engine", None)) is not None:
+            running.close()  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """A smaller real model for the runs whose checks do not depend on what the model says (churn, restarts, the
-reaper, the sharded learner, a late joiner): the default model cut to its first `layers` decoder layers, with its
-own embedding, tokenizer and chat template. vLLM, the trainer and the swarm treat it as any Llama; its version is
-71 MB in bf16 against the default's 269 MB, and its passes are ~15x cheaper per layer stack.
+sharded learner, a late joiner, multi-turn plumbing): the default model cut to its first `layers` decoder layers,
+with its own embedding, tokenizer and chat template. vLLM, the trainer and the swarm treat it as any Llama; its
+version is 71 MB in bf16 against the default's 269 MB, and its passes are ~15x cheaper per layer stack.
 
 Built once into the echo2 cache beside the default model (`ECHO2_CACHE`), in about a second; a run whose checks read
 rewards, accuracies or log-probs keeps the full default model."""
@@ -13,9 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from echo2cli.layout import WEIGHTS_FILE as WEIGHTS
 from echo2cli.models import cache_dir, copy_model_files, prepare_default_model
-
-WEIGHTS = "model.safetensors"
 
 
 def plumbing_model(layers: int = 2) -> Path:
@@ -30,8 +29,6 @@ def plumbing_model(layers: int = 2) -> Path:
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     copy_model_files(default, tmp)
-    for extra in default.glob("*.jinja"):  # the chat template, where transformers writes it on its own
-        shutil.copy2(extra, tmp / extra.name)
     config = json.loads((default / "config.json").read_text())
     config["num_hidden_layers"] = layers
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
