@@ -277,3 +277,32 @@ def test_a_node_with_a_tracker_key_announces_to_its_own_url(version, tmp_path):
         assert [t["url"] for t in transfer.handle.trackers()] == ["http://127.0.0.1:9/announce/k3y"]
     finally:
         node.close()
+
+
+@pytest.mark.parametrize("size", [339, 3 * (256 << 10) + 5])  # a small delta's size (one block); three pieces
+def test_a_download_is_complete_only_once_libtorrent_has_written_every_byte(tmp_path, size):
+    """Regression: libtorrent verifies pieces from its store buffer and reported a 339-byte delta seeding before
+    its file existed; the worker's rebuild then read a missing file. `finished_at` now waits for the flush."""
+    vdir = tmp_path / "learner" / "v000002.delta"
+    vdir.mkdir(parents=True)
+    data = os.urandom(size)
+    (vdir / "model.delta").write_bytes(data)
+    torrent = make_torrent(vdir, "http://127.0.0.1:9/announce")
+    learner, worker = TorrentNode("127.0.0.1:0"), TorrentNode("127.0.0.1:0")
+    try:
+        learner.seed(2, torrent.data, vdir.parent)
+        worker.fetch(2, torrent.data, tmp_path / "w")
+        connect(worker, 2, learner)
+        done = worker.transfers[2]
+
+        def complete() -> bool:
+            if done.finished_at is None:
+                return False
+            assert (tmp_path / "w" / vdir.name / "model.delta").read_bytes() == data  # at once, in full
+            return True
+
+        wait_until(complete, learner, worker)
+        assert done.flushed  # libtorrent's word, not the fallback on file sizes
+    finally:
+        learner.close()
+        worker.close()

@@ -46,8 +46,28 @@ class Transfer:
     web_seed_url: str = ""  # the learner's web seed, once added (`TorrentNode._fall_back`)
     web_seed_at: float | None = None
     reannounced: int = 0  # how many of REANNOUNCE_AT_S are done
+    flush_asked_at: float | None = None  # when, seeding, we asked libtorrent to write out its buffers
+    flushed: bool = False  # libtorrent said it has (cache_flushed_alert)
     received: int = 0  # payload bytes, as of `last_received`
     last_received: float = field(default_factory=time.time)
+
+    def written(self, now: float) -> bool:
+        """Seeding, and every block on disk. libtorrent verifies a piece from its store buffer and can report the
+        torrent seeding before its disk thread has written the last blocks: a small delta's file was read then
+        before it existed (FileNotFoundError in the worker's rebuild). So once seeding, ask it to flush its buffers
+        and wait for its word (cache_flushed_alert); should that not come within FLUSH_WAIT_S, files on disk at
+        their full sizes do."""
+        if not self.handle.status().is_seeding:
+            return False
+        if self.flush_asked_at is None:
+            self.handle.flush_cache()
+            self.flush_asked_at = now
+            return False
+        if self.flushed:
+            return True
+        return now - self.flush_asked_at > FLUSH_WAIT_S and files_on_disk(
+            self.save_path, self.handle.torrent_file().files()
+        )
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the last block's worth of payload arrived (from anyone). A throttled connection still
@@ -78,7 +98,19 @@ class Transfer:
             self.priorities = None
 
 
+def files_on_disk(save_path: Path, files: Any) -> bool:
+    """`files`: a libtorrent file_storage (its `num_files`, `file_path` and `file_size`)."""
+    for i in range(files.num_files()):
+        try:
+            if (save_path / files.file_path(i)).stat().st_size < files.file_size(i):
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
 GATE_STALL_S = 3.0
+FLUSH_WAIT_S = 2.0
 BLOCK = 16 << 10  # BitTorrent's request size
 SPARED = 1  # bytes/s a worker takes from the learner while it spares it (0 would mean "no limit")
 # A download announces again this many seconds after it started, to learn of peers that announced after it: a
@@ -263,7 +295,8 @@ class TorrentNode:
         """Drain alerts (hash failures, errors), mark complete downloads, open slot gates.
 
         Complete means every piece verified (`is_seeding`), not libtorrent's "finished", which only
-        means every *wanted* piece and fires early while slot gates hold pieces back.
+        means every *wanted* piece and fires early while slot gates hold pieces back; and every file written
+        (`Transfer.written`).
         """
         lt = self._lt
         by_handle = {t.handle: t for t in self.transfers.values()}
@@ -275,9 +308,11 @@ class TorrentNode:
                 transfer.hash_failures += 1
             elif isinstance(alert, (lt.torrent_error_alert, lt.file_error_alert)):
                 transfer.error = alert.message()
+            elif isinstance(alert, lt.cache_flushed_alert):
+                transfer.flushed = True
         now = time.time()
         for transfer in self.transfers.values():
-            if transfer.finished_at is None and transfer.handle.status().is_seeding:
+            if transfer.finished_at is None and transfer.written(now):
                 transfer.finished_at = now
             transfer.open_gates()
             if transfer.finished_at is None:
