@@ -1,3 +1,4 @@
+import importlib.util
 import shutil
 
 import pytest
@@ -31,6 +32,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "extended" in item.keywords:
             item.add_marker(skip)
+
+
+# Integration modules that share nothing with the others (no session engine or model) and check no rate or
+# deadline a busy CPU could miss: they run in the unit process, beside the rest.
+BESIDE = ("test_sharded.py", "test_lora_versions.py", "test_nat_swarm.py", "test_reaper.py")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work `pytest -n 2` (the test command) hands a process. The integration tests run one after another
+    in one process, which makes the shared engine and models once, as in a plain run; the other process takes the
+    unit modules, each module whole, and the integration modules in BESIDE, in the time the integration runs leave
+    idle (they wait on links, leases and process starts: one core of two was idle through most of them)."""
+    module = nodeid.split("::")[0]
+    if "/integration/" not in f"/{module}":
+        return module
+    return module if module.rsplit("/", 1)[-1] in BESIDE else "integration"
+
+
+if importlib.util.find_spec("xdist") is not None:  # a dev dependency; plain pytest runs without it
+
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class IntegrationApart(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_scope(nodeid)
+
+        return IntegrationApart(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
