@@ -210,7 +210,8 @@ def churn(request, tmp_path_factory, plumbing_model):
     learner = Learner(out, free_port(), model=plumbing_model)
     learner.start("--checkpoint-every", "0")
     # w0 at 8 rollouts/s: a version a second at most, as the full model's steps come on a fast day (the smaller
-    # model unthrottled made three a second, and a worker then failed verifying a delta whose file was gone)
+    # model unthrottled made three a second; that found a worker reading a delta libtorrent had not yet written,
+    # fixed in `Transfer.written`, and test_swarm's regression test keeps it fixed)
     steady = [
         spawn(
             worker_args(learner.url, out, "w0", "--max-rollouts-per-s", "8"),
