@@ -35,8 +35,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Integration modules that share nothing with the others (no session engine or model) and check no rate or
-# deadline a busy CPU could miss: they run in the unit process, beside the rest.
-BESIDE = ("test_sharded.py", "test_lora_versions.py", "test_nat_swarm.py", "test_reaper.py")
+# deadline a busy CPU could miss (the sharded failures' minute to exit was set for two busy cores): they run in the
+# unit process, beside the rest.
+BESIDE = ("test_sharded.py", "test_sharded_failure.py", "test_lora_versions.py", "test_nat_swarm.py", "test_reaper.py")
 
 
 def xdist_scope(nodeid: str) -> str:

@@ -1,6 +1,6 @@
 """`--model` as a Hugging Face Hub id (ORG/NAME) or a local directory, and `plan-memory` from a config alone, against a
 Hub cache built on disk (`hub_cache.py`) with HF_HUB_OFFLINE=1: no network. The learner and `echo2 eval` started
-from a Hub id (sharded weights) are in tests/integration/test_e2e.py and test_hub_model.py."""
+from a Hub id (sharded weights) are in tests/integration/test_e2e.py and test_eval.py."""
 
 from __future__ import annotations
 

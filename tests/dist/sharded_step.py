@@ -1,8 +1,10 @@
 """Run under torchrun: GRPO steps with the sharded trainer (or, with --plain, the one-process trainer) on fixed
-batches; rank 0 writes the metrics, the exported bf16 version and a checkpoint to OUT. Used by tests/test_sharded.py.
+batches; rank 0 writes the metrics, the exported bf16 version and a checkpoint to OUT, and the bf16 version of the
+weights it started from to OUT/start.safetensors. With --snapshot-after K it also writes the version and checkpoint
+after K steps to OUT/after-K/, so one run answers for a shorter one. Used by tests/test_sharded.py.
 
     sharded_step.py MODEL_DIR OUT [--plain] [--fp32] [--kl-coef K] [--steps N] [--resume CHECKPOINT --first K]
-                    [--minibatches M --off-policy MODE]
+                    [--minibatches M --off-policy MODE] [--snapshot-after K]
 """
 
 import argparse
@@ -67,7 +69,13 @@ def main(a: argparse.Namespace) -> None:
         return
     if a.resume:
         trainer.load_checkpoint(a.resume)
-    metrics = [trainer.step(batch(s)) for s in range(a.first, a.first + a.steps)]
+    trainer.export_weights(a.out / "start.safetensors")
+    metrics = []
+    for s in range(a.first, a.first + a.steps):
+        metrics.append(trainer.step(batch(s)))
+        if len(metrics) == a.snapshot_after:
+            trainer.export_weights(a.out / f"after-{a.snapshot_after}" / "model.safetensors")
+            trainer.save_checkpoint(a.out / f"after-{a.snapshot_after}" / "checkpoint")
     trainer.export_weights(a.out / "model.safetensors")
     trainer.save_checkpoint(a.out / "checkpoint")  # fp32 weights in checkpoint/model.safetensors
     if not a.plain:
@@ -87,6 +95,7 @@ if __name__ == "__main__":
     p.add_argument("--resume", type=Path)
     p.add_argument("--minibatches", type=int, default=1)
     p.add_argument("--off-policy", default="token_tis")
+    p.add_argument("--snapshot-after", type=int, default=0)
     args = p.parse_args()
     main(args)
     if not args.plain:

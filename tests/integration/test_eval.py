@@ -1,11 +1,13 @@
-"""`echo2 eval` with real vLLM: a run directory's checkpoint and a published version on the run's task, and
-each built-in task on the default model. Problems are few (this is about the plumbing; docs/results.md has the
-200-problem figures).
+"""`echo2 eval` with real vLLM: a run directory's checkpoint and its published versions on the run's task, each
+built-in task on the default model, and a model given by its Hugging Face Hub id offline, its weights in shards.
+Problems are few (this is about the plumbing; docs/results.md has the 200-problem figures).
 
-Most of an eval's time is its engine's start, so one evaluation runs as the command a user types (`echo2 eval
---run ... --version 4,5`: its own engine, two versions swapped into it, files written) and every other one runs
-in this process on the session's shared engine (`integration_fixtures.engine`, `evaluate(..., engine=)`), which
-swaps each model's weights in first. The command runs in a thread beside them."""
+Most of an eval's time is its engine's start, so one evaluation runs as the command a user types, with an engine
+of its own (`echo2 eval --model ORG/NAME` with HF_HUB_OFFLINE=1: the default model saved as ~100 MB shards and their
+index into a Hub cache of the suite's own, `integration_fixtures.hf_home`), in a thread beside the others; every
+other one runs in this process on the session's shared engine (`integration_fixtures.engine`,
+`eval_command(..., engine=)`), which swaps each model's weights in first. The learner's side of the Hub id
+(training from it, a worker with an empty cache, resuming by it) is checked in the end-to-end run (`test_e2e.py`)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hub_cache import HUB_REPO, hub_only
 
 from echo2cli.config import EvalConfig
 from echo2cli.evaluate import engine_in_fp32, eval_command
@@ -84,13 +87,13 @@ def run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def command(run):
-    """`echo2 eval --run RUN --version 4,5` as a process of its own, started at once in a thread; its result."""
+def command(hf_home):
+    """`echo2 eval --model ORG/NAME` offline as a process of its own, started at once in a thread; its result."""
     # vLLM names its ZMQ sockets as files in the temp directory (a short path: a socket's name must fit in 107 bytes)
     tmp = tempfile.mkdtemp(prefix="e2-")
-    args = ["--run", str(run[0]), "--version", "4,5", "--limit", "12", "--k", "2"]
+    args = ["--model", HUB_REPO, "--limit", "4", "--k", "0"]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(run_eval_command, *args, env={"TMPDIR": tmp})
+        future = pool.submit(run_eval_command, *args, env={"TMPDIR": tmp, **hub_only(hf_home)})
         yield future, tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -114,10 +117,9 @@ def test_eval_of_a_run_uses_its_newest_checkpoint_and_task(run, command, engine,
     assert [e["greedy"] for e in version["examples"]] == [e["greedy"] for e in result["examples"]]
 
 
-def test_eval_command_of_published_versions_swaps_each_into_one_engine(run, command):
+def test_eval_of_published_versions_swaps_each_into_one_engine(run, command, engine):
     run, _ = run
-    future, tmp = command
-    both = future.result()
+    both = evaluate_here(engine, run=run, version="4,5", limit=12, k=2)
     check(both, 12)
     (later,) = both["then"]
     assert both["version"] == 4 and later["version"] == 5
@@ -128,6 +130,13 @@ def test_eval_command_of_published_versions_swaps_each_into_one_engine(run, comm
     assert (run / "eval" / "arithmetic-v000004.json").exists()
     assert json.loads((run / "eval" / "arithmetic-v000005.json").read_text())["version"] == 5
     assert not list(run.glob("eval-*-*"))  # the model directories are removed afterwards
+
+
+def test_eval_command_of_a_sharded_hub_model_offline(command, hf_home):
+    future, tmp = command
+    result = future.result()
+    check(result, 4)
+    assert result["model"].startswith(os.fspath(hf_home)) and result["task"] == "arithmetic"
     # vLLM never removes its ZMQ socket files (hundreds were left in /tmp after a test run); the engine's process
     # must leave nothing in its temp directory but torch's compile cache, which every run shares
     assert not [name for name in os.listdir(tmp) if not name.startswith("torchinductor_")]

@@ -382,7 +382,7 @@ def test_worker_cut_off_the_network_loses_its_lease_and_its_late_copy_is_rejecte
             wait_for(lambda: holding_lease(learner, "w1"), 480, "w1 to hold a lease", logs)
             step_at_cut = learner.step()
             tether.set_link(up=False)
-            time.sleep(LEASE_TIMEOUT_S + 5)
+            wait_for(lambda: leased(learner, "w1") == 0, 4 * LEASE_TIMEOUT_S, "w1's lease to expire", logs)
             learner.wait_step(step_at_cut + 2)  # training went on without w1
             tether.set_link(up=True)
             wait_for(lambda: learner.worker("w1") is not None, 120, "w1 back", logs)

@@ -69,9 +69,12 @@ def assert_same_weights(a: Path, b: Path, tol: float = RTOL) -> None:
         torch.testing.assert_close(x[k], y[k], rtol=tol, atol=tol, msg=k)
 
 
+# The one-process run most tests compare with: three steps, its weights after two (what two steps give) kept too
+PLAIN = ("--steps=3", "--snapshot-after=2")
+
+
 def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model_dir, tmp_path):  # noqa: F811
-    plain = run(tiny_model_dir, tmp_path / "plain", "--steps=3")
-    run(tiny_model_dir, tmp_path / "plain2")  # two steps
+    plain = run(tiny_model_dir, tmp_path / "plain", *PLAIN)
     two = run(tiny_model_dir, tmp_path / "two", ranks=2)
     one = run(tiny_model_dir, tmp_path / "one", ranks=1)
     assert 0 < plain[1]["train/trained_frac"] < 1 and plain[2]["train/trained_frac"] == 0  # flat groups (batch())
@@ -83,7 +86,7 @@ def test_two_ranks_step_like_one_process_and_resume_on_two_and_on_one(tiny_model
     assert_close(run(tiny_model_dir, tmp_path / "r1", *resume, ranks=1), plain[2:])  # DCP reshards 2 ranks onto 1
     weights = "checkpoint/model.safetensors"
     for after_two, after_three in (("two", "r2"), ("one", "r1")):
-        assert_same_weights(tmp_path / "plain2" / weights, tmp_path / after_two / weights)
+        assert_same_weights(tmp_path / "plain" / "after-2" / weights, tmp_path / after_two / weights)
         assert_same_weights(tmp_path / "plain" / weights, tmp_path / after_three / weights)
 
 
@@ -115,17 +118,19 @@ def test_two_ranks_step_like_one_process_in_mini_batches_against_the_batchs_star
 
 
 def test_two_ranks_gather_the_same_version_file_byte_for_byte(tiny_model_dir, tmp_path):  # noqa: F811
-    run(tiny_model_dir, tmp_path / "plain", "--steps=0")
-    run(tiny_model_dir, tmp_path / "two", "--steps=0", ranks=2)
-    assert (tmp_path / "plain" / "model.safetensors").read_bytes() == (
-        tmp_path / "two" / "model.safetensors"
+    """Version 0: the weights each run exported before its first step."""
+    run(tiny_model_dir, tmp_path / "plain", *PLAIN)
+    run(tiny_model_dir, tmp_path / "two", ranks=2)
+    assert (tmp_path / "plain" / "start.safetensors").read_bytes() == (
+        tmp_path / "two" / "start.safetensors"
     ).read_bytes()
 
 
 def test_after_a_step_the_bf16_version_of_two_ranks_is_within_one_bf16_step_of_one_process(tiny_model_dir, tmp_path):  # noqa: F811
-    run(tiny_model_dir, tmp_path / "plain", ranks=0)
+    """After two steps: the one-process run's snapshot, the two ranks' run's end."""
+    run(tiny_model_dir, tmp_path / "plain", *PLAIN)
     run(tiny_model_dir, tmp_path / "two", ranks=2)
-    x = load_file(str(tmp_path / "plain" / "model.safetensors"))
+    x = load_file(str(tmp_path / "plain" / "after-2" / "model.safetensors"))
     y = load_file(str(tmp_path / "two" / "model.safetensors"))
     assert x.keys() == y.keys() and "lm_head.weight" not in x
     off = total = 0
