@@ -246,3 +246,61 @@ def test_the_kernels_agree_with_the_visit_order_word_for_word(n, changed_frac, c
     if n:  # a step past the largest bf16 pattern is refused, not wrapped
         top = np.array([0x7FFF] * 3, np.uint16)
         assert not patch(top, np.array([1], np.int64), np.array([1], np.int32))
+
+
+def _hostile(kind: str, good: bytes) -> bytes:
+    """A delta a hostile learner could send, made from a good one (issue: each of these stopped the worker with an
+    AttributeError, struct.error or MemoryError instead of a BroadcastError, so it never fell back to the full
+    version)."""
+    import json
+    import struct
+
+    import zstandard
+
+    from echo2cli.broadcast.delta import MAGIC
+
+    (n,) = struct.unpack("<I", good[len(MAGIC) : len(MAGIC) + 4])
+    header, blobs = json.loads(good[len(MAGIC) + 4 : len(MAGIC) + 4 + n]), good[len(MAGIC) + 4 + n :]
+
+    def framed(raw: bytes) -> bytes:
+        return MAGIC + struct.pack("<I", len(raw)) + raw
+
+    if kind == "no length":
+        return MAGIC + b"\x01"
+    if kind == "length past the end":
+        return MAGIC + struct.pack("<I", 1 << 20) + b"{}"
+    if kind == "a JSON list":
+        return framed(b"[1, 2, 3]") + blobs
+    if kind == "not UTF-8":
+        return framed(b'{"words": "\xff\xfe"}') + blobs
+    if kind == "sizes that are not byte counts":
+        return framed(json.dumps(header | {"blob_bytes": ["1", None, -1, 2.5, 0, 0]}).encode()) + blobs
+    if kind == "streams cut short":
+        return good[: len(good) - 10]
+    if kind == "a decompression bomb":  # a frame that claims 64 MB of gaps for a delta against 1 M words
+        bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
+        sizes = [header["blob_bytes"][0], len(bomb), *[0] * 4]
+        counts = blobs[: header["blob_bytes"][0]]
+        return framed(json.dumps(header | {"blob_bytes": sizes}).encode()) + counts + bomb
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "no length",
+        "length past the end",
+        "a JSON list",
+        "not UTF-8",
+        "sizes that are not byte counts",
+        "streams cut short",
+        "a decompression bomb",
+    ],
+)
+def test_any_malformed_delta_is_a_broadcast_error_and_writes_nothing(versions, tmp_path, kind):
+    base, target = versions
+    encode_delta(base, target, tmp_path / "good")
+    (tmp_path / "bad").write_bytes(_hostile(kind, (tmp_path / "good").read_bytes()))
+    with pytest.raises(BroadcastError):
+        apply_delta(base, tmp_path / "bad", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()

@@ -139,14 +139,23 @@ def encode_delta(
 
 
 def read_header(delta: Path) -> tuple[dict, int]:
+    """The delta's JSON header and where its streams start; BroadcastError for anything but a JSON object whose
+    length field fits the file (the learner that wrote it may be hostile)."""
     with open(delta, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise BroadcastError(f"{delta} is not an echo2 delta of this version (ECHO2DELTA4)")
-        (n,) = struct.unpack("<I", f.read(4))
+        size = f.read(4)
+        (n,) = struct.unpack("<I", size) if len(size) == 4 else (-1,)
+        raw = f.read(n) if n >= 0 else b""
+        if n < 0 or len(raw) != n:
+            raise BroadcastError(f"delta {delta} is truncated in its header")
         try:
-            return json.loads(f.read(n)), len(MAGIC) + 4 + n
-        except ValueError as exc:
+            header = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError too
             raise BroadcastError(f"delta {delta} has a corrupt header") from exc
+        if not isinstance(header, dict):
+            raise BroadcastError(f"delta {delta} has a corrupt header: a JSON {type(header).__name__}, not an object")
+        return header, len(MAGIC) + 4 + n
 
 
 def _streams(delta: Path, header: dict, offset: int) -> dict[str, np.ndarray]:
@@ -154,14 +163,26 @@ def _streams(delta: Path, header: dict, offset: int) -> dict[str, np.ndarray]:
     import zstandard
 
     dtypes = {"counts": np.uint32, "long": np.uint32}
-    sizes = header.get("blob_bytes")
-    if not isinstance(sizes, list) or len(sizes) != len(STREAMS) or header.get("chunk_words") != CHUNK_WORDS:
-        raise BroadcastError(f"delta {delta} is inconsistent with its header")
+    sizes, words = header.get("blob_bytes"), header["words"]
     data, streams, at = delta.read_bytes()[offset:], {}, 0
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) != len(STREAMS)
+        or not all(type(size) is int and size >= 0 for size in sizes)
+        or sum(sizes) != len(data)
+        or header.get("chunk_words") != CHUNK_WORDS
+    ):
+        raise BroadcastError(f"delta {delta} is inconsistent with its header")
+    # no stream of a delta against `words` words decompresses to more than 4 bytes a word: a frame that claims
+    # more (a decompression bomb) is refused before its memory is taken
+    limit = 4 * words + 64
     try:
         z = zstandard.ZstdDecompressor()
         for name, size in zip(STREAMS, sizes, strict=True):
-            raw = z.decompress(data[at : at + size])
+            with z.stream_reader(data[at : at + size]) as reader:
+                raw = reader.read(limit + 1)
+            if len(raw) > limit:
+                raise BroadcastError(f"delta {delta} is inconsistent with its header")
             at += size
             dtype = dtypes.get(name, np.uint8)
             if len(raw) % np.dtype(dtype).itemsize:
