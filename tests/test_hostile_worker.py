@@ -157,6 +157,27 @@ def test_claims_of_versions_never_published_are_not_recorded(clock):
     assert set(record.first_seen_with) == {1}
 
 
+def test_asking_for_a_version_in_another_workers_name_records_nothing_for_it(live):
+    """`GET /v1/policy?worker_id=<another worker>&version=v` once marked that worker as fetching v (status showed it,
+    and the learner kept seeding v for it); now only the caller's own session token records its worker."""
+    http, coord, honest, hostile, _ = live
+    coord.publish(policy(1))
+    coord.heartbeat(Heartbeat(worker_id=honest["worker_id"], version_loaded=1))
+    before = coord.versions_in_download()  # the hostile worker's own fetch of version 0, from its join
+    for token in (hostile["session_token"], TOKEN):  # another worker's session, or the join token (reads only)
+        for version in (0, None):
+            params = {"worker_id": honest["worker_id"], **({} if version is None else {"version": version})}
+            got = http.get("/v1/policy", params=params, headers={"Authorization": f"Bearer {token}"})
+            # the version alone, as anyone may read it: no fetch slot of the worker named
+            assert got.status_code == 200 and got.json() == coord.policy_of(got.json()["version"]).model_dump()
+    assert coord.fleet.workers[honest["worker_id"]].downloading_version is None
+    assert coord.versions_in_download() == before
+    # the worker's own call still records it
+    coord.publish(policy(2))
+    assert call_as(http, honest, "/v1/policy").json()["version"] == 2
+    assert coord.fleet.workers[honest["worker_id"]].downloading_version == 2
+
+
 def test_joins_past_the_fleets_cap_get_429_and_the_joined_workers_carry_on(live, monkeypatch):
     from echo2cli.learner import fleet
 

@@ -254,8 +254,14 @@ def _reader_routes(
         return FileResponse(model_dir / name)
 
     @router.get("/policy")
-    def policy(worker_id: str | None = None, version: int | None = None) -> PolicyInfo:
-        """The newest version, or `version` (a link of a delta chain)."""
+    def policy(
+        worker_id: str | None = None, version: int | None = None, authorization: str | None = Header(default=None)
+    ) -> PolicyInfo:
+        """The newest version, or `version` (a link of a delta chain). `worker_id`: the caller, recorded as fetching
+        it (and handed its fetch slot) only when the session token presented is that worker's: anyone else's call
+        gets the version alone and changes no worker's record."""
+        if worker_id is not None and coord.session_owner(_bearer(authorization)) != worker_id:
+            worker_id = None
         if version is None:
             return coord.latest_policy(worker_id)
         found = coord.policy_of(version, worker_id)
