@@ -97,7 +97,7 @@ def make_learner(tmp_path, tok, task, B=4):
         token=TOKEN,
         status_extra=dict,
         target_steps=3,
-        episodes=episode_host(coord, prepare_default_model()),
+        episodes=(host := episode_host(coord, prepare_default_model())),
     )
 
     def new_client() -> LearnerClient:
@@ -106,6 +106,7 @@ def make_learner(tmp_path, tok, task, B=4):
         return client
 
     coord.new_client = new_client  # another worker's own client
+    coord.episode_host = host  # what the learner holds of each episode
     return coord, new_client()
 
 
@@ -220,6 +221,13 @@ def test_steps_out_of_turn_for_others_leases_or_past_g_are_refused_and_a_retry_g
             bad()
     with pytest.raises(Exception, match="not in a live lease"):
         step(b, 0, lease_id=lease.lease_id)  # another worker's lease
+    # two actions for one episode in one request (copies, or two different moves): refused, nothing stepped
+    fold = turns.tokenizer.encode("ACTION: fold", add_special_tokens=False)
+    for second in (call, fold):
+        actions = [EpisodeAction(prompt_id=pid, sample_idx=1, turn=0, token_ids=ids) for ids in (call, second)]
+        with pytest.raises(Exception, match="two actions for episode"):
+            client.step_episodes(StepRequest(worker_id=a.worker_id, lease_id=lease.lease_id, actions=actions))
+    assert (lease.lease_id, pid, 1) not in coord.episode_host.episodes
     coord.leave(a.worker_id)  # its lease goes back: the episode is gone
     coord.join("c", 0.0)
     assert coord.leases.leases == {}

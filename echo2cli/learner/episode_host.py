@@ -72,10 +72,18 @@ class EpisodeHost:
         self.lock = threading.Lock()  # one request at a time: a step is a few milliseconds of Python
 
     def step(self, worker_id: str, lease_id: str, actions: list[EpisodeAction]) -> list[EpisodeStep]:
-        """Each action's answer, in order; StepRefused (nothing stepped) if any action is not acceptable."""
+        """Each action's answer, in order; StepRefused (nothing stepped) if any action is not acceptable, or if two
+        are for the same episode: one action an episode a request, so a request is at most the lease's episodes
+        (copies once each got the whole next observation, ~20 MB of answers to one request)."""
         with self.lock:
             self._forget_ended()
+            seen: set[tuple[int, int]] = set()
             for a in actions:
+                if (a.prompt_id, a.sample_idx) in seen:
+                    raise StepRefused(
+                        422, f"two actions for episode (prompt {a.prompt_id}, sample {a.sample_idx}) in one request"
+                    )
+                seen.add((a.prompt_id, a.sample_idx))
                 self._check(worker_id, lease_id, a)
             return [self._step(worker_id, lease_id, a) for a in actions]
 
