@@ -47,6 +47,26 @@ def test_parse_range_takes_one_byte_range_and_refuses_the_rest():
             parse_range(bad, 100)
 
 
+def test_streams_cancelled_while_they_wait_for_the_upload_cap_have_booked_none_of_it():
+    """63 requests that close once they have their headers once booked 63 chunks of the capped uplink before their
+    sleeps were cancelled, and the next honest range waited out all of them (16.7 s instead of 0.20 s). The cap
+    here sends one chunk in 100 s: whatever the box's speed, the waiters are cancelled long before their turn."""
+    import anyio
+
+    bucket = webseed_module.TokenBucket(webseed_module.CHUNK / 100)
+
+    async def main() -> float:
+        await bucket.take_async(webseed_module.CHUNK)  # a stream sending: the cap is busy for 100 s
+        async with anyio.create_task_group() as tasks:
+            for _ in range(63):
+                tasks.start_soon(bucket.take_async, webseed_module.CHUNK)
+            await anyio.sleep(0.05)
+            tasks.cancel_scope.cancel()  # the clients are gone
+        return bucket.next_free - time.monotonic()
+
+    assert anyio.run(main) <= 100  # the sending stream's chunk alone, not 64 of them
+
+
 def test_version_key_from_relpath_accepts_only_the_layouts_own_names():
     assert VersionKey.from_relpath("v000007", "model.safetensors") == VersionKey(7)
     assert VersionKey.from_relpath("v000007.delta", "model.delta") == VersionKey(7, delta=True)
