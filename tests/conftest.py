@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import shutil
 
 import pytest
@@ -70,6 +71,26 @@ def pytest_runtest_makereport(item, call):
     if report.failed:
         FAILED_MODULES.add(item.module.__name__)
     return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_beside_the_integration_runs(request):
+    """Under `pytest -n 2`, the modules beside the integration process (the unit modules and BESIDE) compute on one
+    thread, and so do the processes they start (OMP_NUM_THREADS): two processes each running torch on every core
+    of a 2-core box oversubscribe it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or xdist_scope(request.node.nodeid) == "integration":
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", autouse=True)
