@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -132,10 +133,42 @@ def test_fleet_files():
     assert workers[0] == Worker(1000 * MBPS, 1000 * MBPS)
     assert workers[350].behind == NAT and workers[350].down == 500 * MBPS
     assert workers[-1].behind == FIREWALL
-    for bad in ("", "# nothing\n", "100\n", "0x 10 10\n", "10 -1\n", "10 10 behind\n", "x 10 10\n", "5000x 10 10\n"):
+    for bad in ("", "# nothing\n", "100\n", "0x 10 10\n", "10 -1\n", "10 10 behind\n", "x 10 10\n", "5000x 10 10\n",
+                "100000000000x 10 10\n"):  # fmt: skip
         with pytest.raises(ConfigError) as err:
             parse_fleet(bad, "f.txt")
         assert "f.txt" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fleet_far_slower_than_its_bound_is_modelled_in_steps_that_grow_with_the_log_of_its_time(monkeypatch):
+    """T* counts uplinks NAT-to-NAT and firewalled pairs never use. Three hundred NAT'd workers that only one open
+    worker reaches took more than 200 T*, where the model stopped with "did not converge" (a traceback from `echo2
+    plan --fleet`); a firewalled worker on a tiny version waits out the web seed's 8 s at T*/600 a step (0.01 MB:
+    ~100 s to model). Steps are counted here, not seconds."""
+    from echo2cli.plan import swarm
+
+    steps = [0]
+    step = swarm._Swarm.step
+
+    def counted(self, policy):
+        steps[0] += 1
+        step(self, policy)
+
+    monkeypatch.setattr(swarm._Swarm, "step", counted)
+    cases = [  # (version bytes, fleet)
+        (8000e6, [w(1000)] + [w(1000, 1000, NAT)] * 300),
+        (0.01e6, [w(1000), w(10, 10, FIREWALL)]),
+        (1e3, [w(10 + i % 997, 50 + i % 991, ("", NAT, FIREWALL)[i % 3]) for i in range(4096)]),
+    ]
+    results = []
+    for size, fleet in cases:
+        steps[0] = 0
+        got = spread(size, 10_000 * MBPS, fleet)
+        assert got.t50_s <= got.t100_s
+        assert steps[0] <= swarm.STEPS * (2 + math.log(got.t100_s / got.lower_bound_s)), (size, steps[0])
+        results.append(got)
+    assert results[0].t100_s > 200 * results[0].lower_bound_s
+    assert results[1].t100_s > 8.0 and results[2].t100_s > 8.0  # the firewalled waited out the web seed's delay
 
 
 def test_bad_inputs_are_one_line_errors():
