@@ -119,6 +119,15 @@ class TokenBucket:
             if booked:
                 return
 
+    def refund(self, n: int) -> None:
+        """Give back n bytes booked whose chunk never went out (its client left): the cap's next free moment moves
+        n bytes' time earlier, never before now. A stream that booked after them may then send up to n bytes
+        early, once."""
+        if self.rate <= 0:
+            return
+        with self.lock:
+            self.next_free = max(time.monotonic(), self.next_free - n / self.rate)
+
     def _book_when_due(self, n: int) -> tuple[float, bool]:
         """(seconds to wait, whether n bytes are booked): booked, back to back with the last booking, once the cap
         is free within BOOK_AHEAD_S; else nothing booked and the wait until it is."""
@@ -321,11 +330,17 @@ class WebSeedStream(Response):
             if not block:
                 return  # truncated under us
             await seed.bucket.take_async(len(block))
+            body = {"type": "http.response.body", "body": block, "more_body": left > len(block)}
+            sent = False
+            try:
+                sent = await _send_within(send, body, seed.send_timeout_s)
+            finally:  # the client left (a cancel) or took nothing: its chunk never used the cap
+                if not sent:
+                    seed.bucket.refund(len(block))
+            if not sent:
+                return
             seed.add_sent(opened.key, len(block))
             offset, left = offset + len(block), left - len(block)
-            body = {"type": "http.response.body", "body": block, "more_body": left > 0}
-            if not await _send_within(send, body, seed.send_timeout_s):
-                return
 
 
 def _headers(opened: Opened, ranged: bool) -> dict[str, str]:
