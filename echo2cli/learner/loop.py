@@ -42,6 +42,7 @@ from echo2cli.launch import announce_learner
 from echo2cli.layout import VERSIONS_DIR, checkpoint_dir
 from echo2cli.learner.activation import Activation
 from echo2cli.learner.checkpoint import read_state, write_checkpoint
+from echo2cli.learner.connections import Admission
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.divergence import DivergenceGuard
 from echo2cli.learner.episode_host import episode_host
@@ -312,7 +313,7 @@ class Learner:
             web_seed=self.publisher.web_seed,
             episodes=episode_host(self.coord, self.model_dir),
         )
-        with serving(app, self.sock, self.tls):
+        with serving(app, self.sock, self.tls, Admission(cfg.max_connections_per_address)):
             (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
             announce_learner(self.out, {"url": self.url, "run_id": self.run_id, "pid": os.getpid()})
             yield

@@ -35,6 +35,7 @@ from echo2cli import __version__
 from echo2cli.broadcast.tracker import Tracker, bencode, parse_announce
 from echo2cli.broadcast.webseed import BusyError, RangeError, WebSeed
 from echo2cli.errors import ConfigError
+from echo2cli.learner.connections import Admission, http_protocol
 from echo2cli.learner.coordinator import Coordinator
 from echo2cli.learner.credentials import same_secret
 from echo2cli.learner.episode_host import EpisodeHost, StepRefused
@@ -367,9 +368,11 @@ def raise_fd_limit() -> int:
 
 
 def serve_in_thread(
-    app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None
+    app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None, admission: Admission | None = None
 ) -> tuple[Any, threading.Thread]:
-    """uvicorn on `sock` in a daemon thread, once it accepts requests; stop it with `server.should_exit = True`."""
+    """uvicorn on `sock` in a daemon thread, once it accepts requests; stop it with `server.should_exit = True`.
+    `admission`: the per-address and request-header limits on its connections (`connections.py`; the defaults
+    if None)."""
     import uvicorn
 
     cert, key = tls or (None, None)
@@ -384,6 +387,7 @@ def serve_in_thread(
         ssl_certfile=cert,
         ssl_keyfile=key,
         limit_concurrency=min(MAX_CONNECTIONS, raise_fd_limit() // 2),
+        http=http_protocol(admission or Admission()),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="http")
@@ -394,8 +398,10 @@ def serve_in_thread(
 
 
 @contextlib.contextmanager
-def serving(app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None) -> Iterator[None]:
-    server, thread = serve_in_thread(app, sock, tls)
+def serving(
+    app: Any, sock: socket.socket, tls: tuple[Path, Path] | None = None, admission: Admission | None = None
+) -> Iterator[None]:
+    server, thread = serve_in_thread(app, sock, tls, admission)
     try:
         yield
     finally:
