@@ -43,13 +43,13 @@ class Admission:
 def guarded_protocol(base: type, admission: Admission) -> type:
     """uvicorn's HTTP protocol class `base` (h11's or httptools'), with `admission`'s rules."""
 
-    class Guarded(base):  # type: ignore[misc, valid-type]
+    class Guarded(base):
         _address: str | None = None
         _refused = False
         _deadline: asyncio.TimerHandle | None = None
         _cycle_at_arming: Any = None
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             peer = transport.get_extra_info("peername")
             address = peer[0] if isinstance(peer, tuple) and peer else None
             if address is not None and admission.open[address] >= admission.per_address:
