@@ -28,6 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_webseed_lane import CALL_TIMEOUT_S, join, learner, percentiles  # noqa: E402
+from bench_webseed_lane import call_loop as lane_call_loop  # noqa: E402
 
 from echo2cli.broadcast.webseed import WebSeed  # noqa: E402
 from echo2cli.learner.connections import Admission  # noqa: E402
@@ -69,27 +70,11 @@ def trickle(socks: list[socket.socket], stop: threading.Event) -> None:
 
 
 def call_loop(url: str, worker: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Heartbeat, lease, heartbeat, ... from WORKER_ADDRESS for `seconds`: latencies and failures per call."""
-    auth = {"Authorization": f"Bearer {worker['session_token']}"}
-    calls = {
-        "heartbeat": ("/v1/heartbeat", {"worker_id": worker["worker_id"], "version_loaded": 0}),
-        "lease": ("/v1/lease", {"worker_id": worker["worker_id"], "version": 0, "max_prompts": 1}),
-    }
-    latencies: dict[str, list[float]] = {name: [] for name in calls}
-    failures = {name: 0 for name in calls}
+    """`bench_webseed_lane.call_loop` from WORKER_ADDRESS: latencies and the failed calls, per call."""
     transport = httpx.HTTPTransport(local_address=WORKER_ADDRESS)
     with httpx.Client(base_url=url, transport=transport, timeout=CALL_TIMEOUT_S) as api:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for name, (path, body) in calls.items():
-                t0 = time.perf_counter()
-                try:
-                    api.post(path, json=body, headers=auth).raise_for_status()
-                    latencies[name].append(time.perf_counter() - t0)
-                except httpx.HTTPError:
-                    failures[name] += 1
-                    latencies[name].append(CALL_TIMEOUT_S)
-                    time.sleep(0.1)  # as a worker's client backs off
+        latencies = lane_call_loop(api, worker, seconds)
+    failures = {name: sum(x >= CALL_TIMEOUT_S for x in xs) for name, xs in latencies.items()}
     return {"latencies": latencies, "failures": failures}
 
 

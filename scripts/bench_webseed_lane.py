@@ -115,7 +115,8 @@ def answers(socks: list[socket.socket]) -> dict[str, int]:
 
 
 def call_loop(api: httpx.Client, worker: dict[str, Any], seconds: float) -> dict[str, list[float]]:
-    """Heartbeat, lease, heartbeat, ... for `seconds`: each call's latency (CALL_TIMEOUT_S if it timed out)."""
+    """Heartbeat, lease, heartbeat, ... for `seconds`: each call's latency (CALL_TIMEOUT_S if it failed: timed
+    out, refused, reset or answered with an error, after which the loop waits 0.1 s, as a worker backs off)."""
     auth = {"Authorization": f"Bearer {worker['session_token']}"}
     calls = {
         "heartbeat": ("/v1/heartbeat", {"worker_id": worker["worker_id"], "version_loaded": 0}),
@@ -129,8 +130,9 @@ def call_loop(api: httpx.Client, worker: dict[str, Any], seconds: float) -> dict
             try:
                 api.post(path, json=body, headers=auth).raise_for_status()
                 latencies[name].append(time.perf_counter() - t0)
-            except httpx.TimeoutException:
+            except httpx.HTTPError:
                 latencies[name].append(CALL_TIMEOUT_S)
+                time.sleep(0.1)
     return latencies
 
 

@@ -10,11 +10,10 @@ import time
 
 import httpx
 import pytest
-from conftest import JOIN_INFO, make_coord
+from test_webseed import learner_app
 
 from echo2cli.learner.connections import Admission
-from echo2cli.learner.server import bind_socket, build_app, serving
-from echo2cli.protocol import PolicyInfo
+from echo2cli.learner.server import bind_socket, serving
 
 TOKEN = "s3cret"
 WAIT_S = 30.0
@@ -22,24 +21,11 @@ WAIT_S = 30.0
 
 @pytest.fixture
 def server(clock, tmp_path):
-    """`start(admission)` serves a learner's app on 127.0.0.1 with those rules; returns its port."""
+    """`start(admission)` serves a learner's app (`test_webseed.learner_app`) with those rules; returns its port."""
     contexts = []
 
     def start(admission: Admission) -> int:
-        coord = make_coord(clock)
-        coord.publish(
-            PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
-        )
-        app = build_app(
-            coord,
-            run_id="r",
-            join_info=JOIN_INFO,
-            model_dir=tmp_path,
-            model_files=[],
-            token=TOKEN,
-            status_extra=dict,
-            target_steps=3,
-        )
+        app, _ = learner_app(clock, tmp_path, None)
         sock = bind_socket("0.0.0.0", 0)
         ctx = serving(app, sock, admission=admission)
         ctx.__enter__()

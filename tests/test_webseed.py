@@ -89,7 +89,7 @@ def version(tmp_path):
     return root, key, make_torrent(key.dir(root), "http://127.0.0.1:9/announce")
 
 
-def learner_app(clock, tmp_path, web_seed: WebSeed):
+def learner_app(clock, tmp_path, web_seed: WebSeed | None):
     coord = make_coord(clock)
     coord.publish(
         PolicyInfo(version=0, info_hash="ab" * 20, torrent_b64="", digest="cd" * 32, size_bytes=1, published_at=0)
