@@ -96,7 +96,7 @@ LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
     "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
     "guard_kl_max guard_clip_max",
     "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
-    "tls_cert tls_key max_connections_per_address lease_timeout_s heartbeat_s linger_s",
+    "tls_cert tls_key max_connections_per_address web_seed_streams_per_address lease_timeout_s heartbeat_s linger_s",
     "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
     "Evaluation": "eval_every eval_limit eval_k eval_devices",
     "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts compile",
@@ -266,6 +266,12 @@ class LearnerConfig(_Config):
         ge=1,
         description="open HTTP connections one address may hold (one more is closed as it opens); the default fits "
         "64 workers behind one NAT address. Behind a reverse proxy, every worker has the proxy's address: raise it",
+    )
+    web_seed_streams_per_address: int = Field(
+        32,
+        ge=1,
+        description="web seed streams open at once from one address (of 64 in all, 4 a worker): one token holder's "
+        "many joins cannot take them all",
     )
     lease_timeout_s: float | None = Field(
         None,

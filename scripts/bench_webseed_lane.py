@@ -11,8 +11,8 @@ counts as that long. The baseline is the same loop in the same run before any st
 
 Prints p50/p99 of B's heartbeat and lease calls, loaded and baseline, their ratio, and how A's streams
 were answered (200, 429, or nothing yet). `--streams-per-worker`/`--max-streams` lift the web seed's
-limits (webseed.STREAMS_PER_WORKER, MAX_STREAMS), so that all the streams are served at once and only the
-lane keeps the API free. Goal: B's p99 <= 1 s with 200 streams from A.
+limits (webseed.STREAMS_PER_WORKER, MAX_STREAMS, and STREAMS_PER_ADDRESS with them), so that all the streams
+are served at once and only the lane keeps the API free. Goal: B's p99 <= 1 s with 200 streams from A.
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         limits["streams_per_worker"] = args.streams_per_worker
     if args.max_streams is not None:
         limits["max_streams"] = args.max_streams
+    if limits:  # worker A's streams all come from loopback: lift the per-address cap with the others
+        limits["streams_per_address"] = 1 << 20
     web_seed = WebSeed(
         lambda d, f: (key, key.path(tmp)) if VersionKey.from_relpath(d, f) == key else None,
         mbps_to_bytes_per_s(args.uplink_mbps),

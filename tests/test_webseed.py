@@ -291,6 +291,30 @@ def test_past_its_stream_limit_a_worker_gets_429_and_past_the_total_everyone_doe
         web_seed.close()
 
 
+def test_one_address_holds_at_most_its_share_of_the_web_seeds_streams_whatever_its_joins(clock, tmp_path, version):
+    """One token holder joined 16 times (4 streams each) and held all 64 streams: every honest stream got 429."""
+    root, key, _ = version
+    web_seed = serve_files(root, key, streams_per_worker=2, max_streams=10, streams_per_address=3)
+    app, _ = learner_app(clock, tmp_path, web_seed)
+    http, elsewhere = TestClient(app), TestClient(app, client=("10.0.0.2", 50000))
+    a, b, c = join(http), join(http), join(elsewhere)
+    url = "/webseed/{}/v000001/model.safetensors"
+    try:
+        for who in (a, a, b):  # three streams in flight from the one address, two joins
+            web_seed.slots.acquire(who, "testclient")
+        r = http.get(url.format(b), headers={"Range": "bytes=0-9"})
+        assert r.status_code == 429 and r.json()["detail"] == (
+            "3 web seed streams already open from testclient: ask again later"
+        )
+        assert elsewhere.get(url.format(c), headers={"Range": "bytes=0-9"}).status_code == 206
+        for who in (a, a, b):
+            web_seed.slots.release(who, "testclient")
+        assert http.get(url.format(b), headers={"Range": "bytes=0-9"}).status_code == 206
+        assert web_seed.open_streams() == 0
+    finally:
+        web_seed.close()
+
+
 def test_a_file_pruned_right_after_it_was_opened_is_still_served_and_closed(clock, tmp_path, version, monkeypatch):
     """The learner prunes old versions while a stream may be opening one: the size comes from the open file."""
     root, key, _ = version
@@ -370,7 +394,8 @@ def test_heartbeats_and_leases_go_through_while_60_capped_web_seed_streams_are_o
     """The web seed is paced by its byte-rate cap. Paced in the API's handler threads (40), 60 open streams
     left no thread for a heartbeat; in its own lane they take none."""
     root, key, _ = version
-    web_seed = serve_files(root, key, rate_bytes_s=1024)  # 1 KiB/s: every stream waits its turn for hours
+    # 1 KiB/s: every stream waits its turn for hours; all of them from loopback, so no per-address cap here
+    web_seed = serve_files(root, key, rate_bytes_s=1024, streams_per_address=64)
     app, _ = learner_app(clock, tmp_path, web_seed)
     http = TestClient(app)
     streaming = [join_worker(http, f"s{i}")["tracker_key"] for i in range(15)]  # 4 streams each

@@ -49,6 +49,9 @@ from starlette.types import Message, Receive, Scope, Send
 CHUNK = 256 * 1024
 STREAMS_PER_WORKER = 4  # libtorrent keeps one connection per web seed and torrent: a version and its delta, 2 spare
 MAX_STREAMS = 64  # all workers: they share the uplink cap, so a 65th stream only slows the others (and holds an fd)
+# one address (one token holder's 16 joins once held all 64); workers behind one NAT share it, and the web seed is
+# their fallback only (BitTorrent reaches a NAT'd worker)
+STREAMS_PER_ADDRESS = 32
 SEND_TIMEOUT_S = 30.0  # one 256 KiB chunk in 30 s is < 70 kbit/s: a stalled (or hostile) reader, not a slow link
 READ_THREADS = 4  # opens and reads of files the learner just wrote (page cache): a few threads keep up with any uplink
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{0,19})")
@@ -141,27 +144,35 @@ class TokenBucket:
 
 
 class StreamSlots:
-    """At most `per_key` open streams for one tracker key and `total` in all."""
+    """At most `per_key` open streams for one tracker key, `per_address` from one client address and `total` in
+    all."""
 
-    def __init__(self, per_key: int, total: int) -> None:
-        self.per_key, self.total = per_key, total
+    def __init__(self, per_key: int, total: int, per_address: int = STREAMS_PER_ADDRESS) -> None:
+        self.per_key, self.total, self.per_address = per_key, total, per_address
         self._open: Counter[str] = Counter()
+        self._from: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def acquire(self, who: str) -> None:
-        """Takes a slot for `who`, or raises BusyError saying which limit is reached."""
+    def acquire(self, who: str, address: str | None = None) -> None:
+        """Takes a slot for `who` (at `address`, if known), or raises BusyError saying which limit is reached."""
         with self._lock:
             if self._open[who] >= self.per_key:
                 raise BusyError(f"{self.per_key} web seed streams already open for this worker: ask again later")
+            if address is not None and self._from[address] >= self.per_address:
+                raise BusyError(f"{self.per_address} web seed streams already open from {address}: ask again later")
             if sum(self._open.values()) >= self.total:
                 raise BusyError(f"{self.total} web seed streams already open: ask again later")
             self._open[who] += 1
+            if address is not None:
+                self._from[address] += 1
 
-    def release(self, who: str) -> None:
+    def release(self, who: str, address: str | None = None) -> None:
         with self._lock:
-            self._open[who] -= 1
-            if self._open[who] <= 0:
-                del self._open[who]
+            for counts, key in ((self._open, who), (self._from, address)):
+                if key is not None:
+                    counts[key] -= 1
+                    if counts[key] <= 0:
+                        del counts[key]
 
     def count(self) -> int:
         with self._lock:
@@ -204,12 +215,13 @@ class WebSeed:
         *,
         streams_per_worker: int = STREAMS_PER_WORKER,
         max_streams: int = MAX_STREAMS,
+        streams_per_address: int = STREAMS_PER_ADDRESS,
         send_timeout_s: float = SEND_TIMEOUT_S,
         read_threads: int = READ_THREADS,
     ) -> None:
         self.resolve = resolve
         self.bucket = TokenBucket(rate_bytes_s)
-        self.slots = StreamSlots(streams_per_worker, max_streams)
+        self.slots = StreamSlots(streams_per_worker, max_streams, streams_per_address)
         self.send_timeout_s = send_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="webseed")
         self._sent: dict[Hashable, int] = {}
@@ -233,20 +245,23 @@ class WebSeed:
         """`fn(*args)` on the web seed's own threads, never on the pool the API's handlers run in."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def stream(self, worker: str, dir_name: str, file_name: str, range_header: str | None) -> Response | None:
-        """The response for one request of `worker` (its tracker key): None if no such file is seeded; raises
-        BusyError when its streams or all are at the limit, RangeError for a range it cannot serve."""
-        self.slots.acquire(worker)
+    async def stream(
+        self, worker: str, dir_name: str, file_name: str, range_header: str | None, address: str | None = None
+    ) -> Response | None:
+        """The response for one request of `worker` (its tracker key) from `address`: None if no such file is
+        seeded; raises BusyError when its streams, its address's or all are at the limit, RangeError for a range it
+        cannot serve."""
+        self.slots.acquire(worker, address)
         try:
             with anyio.CancelScope(shield=True):  # an open in flight must reach the stream that closes it
                 opened = await self.in_lane(self.open_range, dir_name, file_name, range_header)
         except BaseException:
-            self.slots.release(worker)
+            self.slots.release(worker, address)
             raise
         if opened is None:
-            self.slots.release(worker)
+            self.slots.release(worker, address)
             return None
-        return WebSeedStream(self, worker, opened, range_header is not None)
+        return WebSeedStream(self, worker, opened, range_header is not None, address)
 
     def reply(self, dir_name: str, file_name: str, range_header: str | None) -> Reply | None:
         """None if no such file is seeded; raises RangeError for a range it cannot serve."""
@@ -299,8 +314,8 @@ class WebSeedStream(Response):
     every case its file is closed and its slot given back. Ending early leaves the response incomplete, so
     uvicorn closes the connection (and logs one line saying so)."""
 
-    def __init__(self, seed: WebSeed, worker: str, opened: Opened, ranged: bool) -> None:
-        self.seed, self.worker, self.opened = seed, worker, opened
+    def __init__(self, seed: WebSeed, worker: str, opened: Opened, ranged: bool, address: str | None = None) -> None:
+        self.seed, self.worker, self.opened, self.address = seed, worker, opened, address
         self.status_code = 206 if ranged else 200
         self.background = None
         self.init_headers(_headers(opened, ranged))
@@ -313,7 +328,7 @@ class WebSeedStream(Response):
                 tasks.cancel_scope.cancel()
         finally:
             self.opened.file.close()
-            self.seed.slots.release(self.worker)
+            self.seed.slots.release(self.worker, self.address)
 
     async def _send_range(self, send: Send) -> None:
         seed, opened = self.seed, self.opened

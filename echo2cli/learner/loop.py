@@ -253,6 +253,7 @@ class Learner:
                 keep=cfg.staleness + 1,
                 web_seed_rate=uplink,
                 keep_every=cfg.keep_versions_every,
+                web_seed_streams_per_address=cfg.web_seed_streams_per_address,
             )
         )
         reporters = Reporters(parse_report_to(cfg.report_to), self.out, cfg.model_dump(mode="json"))

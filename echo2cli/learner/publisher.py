@@ -37,7 +37,7 @@ from echo2cli.broadcast.delta import encode_delta
 from echo2cli.broadcast.image import VersionImage
 from echo2cli.broadcast.node import TorrentNode
 from echo2cli.broadcast.torrent import make_torrent, piece_size_for, spare_cores
-from echo2cli.broadcast.webseed import WebSeed
+from echo2cli.broadcast.webseed import STREAMS_PER_ADDRESS, WebSeed
 from echo2cli.errors import disk_full_is_one_line
 from echo2cli.layout import VersionKey
 from echo2cli.learner.coordinator import Coordinator
@@ -60,11 +60,12 @@ class Publisher:
         background: bool = True,
         web_seed_rate: float = 0,
         keep_every: int = 0,
+        web_seed_streams_per_address: int = STREAMS_PER_ADDRESS,
     ) -> None:
         """`background=False`: `publish` does all the work before it returns. `web_seed_rate`: bytes/s the web
         seed may send (0 = no cap). `keep_every`: every N-th version's file stays on disk when it is pruned."""
         self.trainer, self.node, self.coord = trainer, node, coord
-        self.web_seed = WebSeed(self._served, web_seed_rate)
+        self.web_seed = WebSeed(self._served, web_seed_rate, streams_per_address=web_seed_streams_per_address)
         self.root, self.tracker_url, self.keep, self.keep_every = root, tracker_url, keep, keep_every
         self.sizes: dict[int, int] = {}
         self.hashes: dict[int, str] = {}

@@ -309,7 +309,13 @@ def _web_seed_routes(coord: Coordinator, web_seed: WebSeed) -> APIRouter:
     router = APIRouter()
 
     @router.get("/webseed/{key}/{dir_name}/{file_name}")
-    async def serve(key: str, dir_name: str, file_name: str, range: str | None = Header(default=None)) -> Response:  # noqa: A002
+    async def serve(
+        key: str,
+        dir_name: str,
+        file_name: str,
+        request: Request,
+        range: str | None = Header(default=None),  # noqa: A002
+    ) -> Response:
         """BEP 19 for joined workers: byte ranges of the versions the learner seeds (broadcast/webseed.py).
 
         `async`, and the coordinator's lock taken on the web seed's own threads: a stream, slow by design, must
@@ -317,7 +323,8 @@ def _web_seed_routes(coord: Coordinator, web_seed: WebSeed) -> APIRouter:
         if not await web_seed.in_lane(coord.tracker_key_ok, key):
             raise HTTPException(401, "not a joined peer: join the learner first")
         try:
-            stream = await web_seed.stream(key, dir_name, file_name, range)
+            address = request.client.host if request.client is not None else None
+            stream = await web_seed.stream(key, dir_name, file_name, range, address)
         except BusyError as exc:
             raise HTTPException(429, str(exc)) from None
         except RangeError as exc:
