@@ -96,7 +96,8 @@ LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
     "Off-policy correction and divergence guard": "off_policy geo_low geo_high adaptive_staleness guard_ess_min "
     "guard_kl_max guard_clip_max",
     "Network and security": "host port public_url bt_listen uplink_mbps token token_file insecure_no_token "
-    "tls_cert tls_key max_connections_per_address web_seed_streams_per_address lease_timeout_s heartbeat_s linger_s",
+    "tls_cert tls_key max_connections_per_address max_workers_per_address web_seed_streams_per_address "
+    "lease_timeout_s heartbeat_s linger_s",
     "Cost-aware activation": "activation gamma plan_every plan_rule learner_usd_per_hour",
     "Evaluation": "eval_every eval_limit eval_k eval_devices",
     "Scale": "nproc_per_node max_tokens_per_micro_batch activation_checkpointing share_prompts compile",
@@ -266,6 +267,12 @@ class LearnerConfig(_Config):
         ge=1,
         description="open HTTP connections one address may hold (one more is closed as it opens); the default fits "
         "64 workers behind one NAT address. Behind a reverse proxy, every worker has the proxy's address: raise it",
+    )
+    max_workers_per_address: int = Field(
+        128,
+        ge=1,
+        description="workers joined at once from one address (of 4,096 in all): one token holder cannot fill the "
+        "fleet; 64 workers behind one NAT address, each rejoining once, fit",
     )
     web_seed_streams_per_address: int = Field(
         32,

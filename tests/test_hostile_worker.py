@@ -13,7 +13,7 @@ from conftest import JOIN_INFO, make_coord
 from fastapi.testclient import TestClient
 
 from echo2cli import __version__
-from echo2cli.learner.fleet import UPLINK_HALF_LIFE_S
+from echo2cli.learner.fleet import UPLINK_HALF_LIFE_S, FleetFull
 from echo2cli.learner.server import build_app
 from echo2cli.protocol import Heartbeat, PolicyInfo
 
@@ -190,6 +190,20 @@ def test_joins_past_the_fleets_cap_get_429_and_the_joined_workers_carry_on(live,
     ]
     assert answers == [200, 200, 200, 429, 429, 429]
     assert honest_calls_answer(http, honest) == [200, 200, 200, 200]
+
+
+def test_one_address_joins_at_most_its_share_of_the_fleet_and_others_still_join(clock):
+    """One token holder joined 4,096 times (heartbeating every few minutes) and every honest join got 429."""
+    coord = make_coord(clock)
+    coord.fleet.per_address = 3
+    for i in range(3):
+        coord.join(f"sybil{i}", 0.0, address="203.0.113.7")
+    with pytest.raises(FleetFull, match="3 workers from 203.0.113.7 have joined"):
+        coord.join("sybil3", 0.0, address="203.0.113.7")
+    coord.join("honest", 0.0, address="198.51.100.2")  # another address
+    gone = next(wid for wid, w in coord.fleet.workers.items() if w.name == "sybil0")
+    coord.leave(gone)
+    coord.join("sybil4", 0.0, address="203.0.113.7")  # a place given back by a leave
 
 
 def test_a_silent_worker_is_let_go_and_departed_records_stay_bounded(clock, monkeypatch):

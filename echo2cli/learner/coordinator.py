@@ -37,7 +37,7 @@ from typing import Any
 from echo2cli.learner.admission import Admission
 from echo2cli.learner.credentials import Credentials
 from echo2cli.learner.dispatch import Dispatcher
-from echo2cli.learner.fleet import Fleet
+from echo2cli.learner.fleet import WORKERS_PER_ADDRESS, Fleet
 from echo2cli.learner.intake import Intake
 from echo2cli.learner.leases import LeaseBook
 from echo2cli.learner.prompts import PromptSource
@@ -69,6 +69,7 @@ class Coordinator:
         max_seq_len: int | None = None,
         turns: tuple[int, int] | None = None,
         replay: Turns | None = None,
+        workers_per_address: int = WORKERS_PER_ADDRESS,
     ) -> None:
         self.G, self.S, self.B, self.max_new_tokens = group_size, staleness, prompts_per_step, max_new_tokens
         self.clock, self.lock, self.version, self.finished = clock, threading.RLock(), 0, False
@@ -83,7 +84,7 @@ class Coordinator:
             timeout_s=lease_timeout_s,
             clock=clock,
         )
-        self.fleet = Fleet(heartbeat_s, clock)
+        self.fleet = Fleet(heartbeat_s, clock, per_address=workers_per_address)
         self.max_bad_batches = self.fleet.max_bad_batches
         self.admission = Admission(
             batch_prompts=prompts_per_step,
@@ -112,12 +113,13 @@ class Coordinator:
 
     # -- workers -------------------------------------------------------------------------------------
 
-    def join(self, name: str, usd_per_hour: float, max_model_len: int | None = None) -> str:
-        """A new worker's id (`max_model_len`: its engine's context, None = not limited); FleetFull if no room."""
+    def join(self, name: str, usd_per_hour: float, max_model_len: int | None = None, address: str | None = None) -> str:
+        """A new worker's id (`max_model_len`: its engine's context, None = not limited; `address`: where it joins
+        from); FleetFull if no room."""
         with self.lock:
             for silent in self.fleet.silent():  # gone for long without a word: let go first
                 self.leave(silent)
-            worker_id = self.fleet.join(name, usd_per_hour, max_model_len)
+            worker_id = self.fleet.join(name, usd_per_hour, max_model_len, address)
             self.credentials.issue(worker_id)
             return worker_id
 

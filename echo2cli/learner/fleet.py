@@ -23,6 +23,9 @@ from echo2cli.learner.types import RejectReason
 from echo2cli.protocol import Heartbeat, PolicyInfo, WorkerView
 
 MAX_WORKERS = 4096  # workers joined at once: past it a join is refused (429), so joins cannot grow the fleet forever
+# workers joined at once from one address (`--max-workers-per-address`): one token holder cannot fill the fleet;
+# 64 GPU workers behind one NAT address, each rejoining once, fit
+WORKERS_PER_ADDRESS = 128
 FORGET_AFTER_S = 600.0  # a worker silent this long has left (its next call hears "join again"; workers do)
 DEPARTED_KEPT = 1024  # records of workers that left, kept for the status view and the run's totals
 MU_WINDOW = 8  # a worker's mu_i is measured over its last 8 leases
@@ -78,6 +81,7 @@ class WorkerRecord:
     usd_per_hour: float
     last_seen: float
     max_model_len: int | None = None  # its engine's context: prompts that cannot fit are never leased to it
+    address: str | None = None  # where it joined from (per-address limit)
     version_loaded: int = -1
     downloading_version: int | None = None
     download_progress: float = 0.0
@@ -106,19 +110,33 @@ class WorkerRecord:
 
 
 class Fleet:
-    def __init__(self, heartbeat_s: float, clock: Callable[[], float], max_bad_batches: int = MAX_BAD_BATCHES) -> None:
+    def __init__(
+        self,
+        heartbeat_s: float,
+        clock: Callable[[], float],
+        max_bad_batches: int = MAX_BAD_BATCHES,
+        per_address: int = WORKERS_PER_ADDRESS,
+    ) -> None:
         self.heartbeat_s, self.clock, self.max_bad_batches = heartbeat_s, clock, max_bad_batches
+        self.per_address = per_address
         self.workers: dict[str, WorkerRecord] = {}
 
-    def join(self, name: str, usd_per_hour: float, max_model_len: int | None) -> str:
-        """A new worker's id; FleetFull if MAX_WORKERS have joined and not left."""
+    def join(self, name: str, usd_per_hour: float, max_model_len: int | None, address: str | None = None) -> str:
+        """A new worker's id; FleetFull if MAX_WORKERS have joined and not left, or `per_address` from `address`."""
         if sum(not w.left for w in self.workers.values()) >= MAX_WORKERS:
             raise FleetFull(f"the learner has {MAX_WORKERS} workers, its most: join again later")
+        if address is not None and sum(not w.left and w.address == address for w in self.workers.values()) >= (
+            self.per_address
+        ):
+            raise FleetFull(
+                f"{self.per_address} workers from {address} have joined, the most one address may have: join again "
+                "later, or ask the learner's owner for --max-workers-per-address"
+            )
         departed = [wid for wid, w in self.workers.items() if w.left]
         for wid in departed[: max(0, len(departed) - DEPARTED_KEPT)]:  # the oldest first
             del self.workers[wid]
         worker_id = uuid.uuid4().hex[:12]
-        self.workers[worker_id] = WorkerRecord(name, usd_per_hour, self.clock(), max_model_len)
+        self.workers[worker_id] = WorkerRecord(name, usd_per_hour, self.clock(), max_model_len, address)
         return worker_id
 
     def known(self, worker_id: str) -> bool:

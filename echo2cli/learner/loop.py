@@ -118,6 +118,7 @@ def build_trainer_and_coordinator(cfg: LearnerConfig, model_dir: Path, scorer: S
         score=scorer,
         max_seq_len=min(positions, cfg.max_prompt_tokens + completion_cap),
         turns=turns,
+        workers_per_address=cfg.max_workers_per_address,
     )
     return trainer, coord
 

@@ -175,7 +175,7 @@ def _worker_routes(coord: Coordinator, gate: Gate, run_id: str, join_info: dict[
     router = APIRouter(prefix=API)
 
     @router.post("/join", dependencies=[Depends(gate.join)])
-    def join(req: JoinRequest) -> JoinResponse:
+    def join(req: JoinRequest, request: Request) -> JoinResponse:
         if not compatible(req.echo2_version, __version__):
             raise HTTPException(
                 409,
@@ -183,7 +183,8 @@ def _worker_routes(coord: Coordinator, gate: Gate, run_id: str, join_info: dict[
                 "same version on both",
             )
         try:
-            worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len)
+            address = request.client.host if request.client is not None else None
+            worker_id = coord.join(req.name, req.usd_per_hour, req.max_model_len, address)
         except FleetFull as exc:
             raise HTTPException(429, str(exc)) from None
         session_token, tracker_key = coord.secrets_of(worker_id)
