@@ -105,7 +105,31 @@ LEARNER_PANELS = {  # `echo2 learner --help`'s headings: field names
 }
 
 
-class LearnerConfig(_Config):
+class _PerAddressLimits(_Config):
+    """What one address may hold of the learner (`learner/connections.py`, the fleet, the web seed): a stranger's
+    share, with no token, and one token holder's, however many times it joins."""
+
+    max_connections_per_address: int = Field(
+        512,
+        ge=1,
+        description="open HTTP connections one address may hold (one more is closed as it opens); the default fits "
+        "64 workers behind one NAT address. Behind a reverse proxy, every worker has the proxy's address: raise it",
+    )
+    max_workers_per_address: int = Field(
+        128,
+        ge=1,
+        description="workers joined at once from one address (of 4,096 in all): one token holder cannot fill the "
+        "fleet; 64 workers behind one NAT address, each rejoining once, fit",
+    )
+    web_seed_streams_per_address: int = Field(
+        32,
+        ge=1,
+        description="web seed streams open at once from one address (of 64 in all, 4 a worker): one token holder's "
+        "many joins cannot take them all",
+    )
+
+
+class LearnerConfig(_PerAddressLimits):
     """`echo2 learner`."""
 
     HELP_PANELS: ClassVar[dict[str, str]] = LEARNER_PANELS
@@ -262,24 +286,6 @@ class LearnerConfig(_Config):
     )
     tls_cert: Path | None = Field(None, description="PEM certificate (chain): serve the API and tracker over HTTPS")
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
-    max_connections_per_address: int = Field(
-        512,
-        ge=1,
-        description="open HTTP connections one address may hold (one more is closed as it opens); the default fits "
-        "64 workers behind one NAT address. Behind a reverse proxy, every worker has the proxy's address: raise it",
-    )
-    max_workers_per_address: int = Field(
-        128,
-        ge=1,
-        description="workers joined at once from one address (of 4,096 in all): one token holder cannot fill the "
-        "fleet; 64 workers behind one NAT address, each rejoining once, fit",
-    )
-    web_seed_streams_per_address: int = Field(
-        32,
-        ge=1,
-        description="web seed streams open at once from one address (of 64 in all, 4 a worker): one token holder's "
-        "many joins cannot take them all",
-    )
     lease_timeout_s: float | None = Field(
         None,
         gt=0.0,

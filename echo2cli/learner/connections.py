@@ -39,6 +39,21 @@ class Admission:
         self.refused = 0  # connections closed as they opened, past the per-address limit
         self.timed_out = 0  # connections closed for a request header that did not arrive whole in time
 
+    def admit(self, address: str | None) -> bool:
+        """Count a new connection from `address` (None: unknown, always admitted), or refuse it."""
+        if address is not None and self.open[address] >= self.per_address:
+            self.refused += 1
+            return False
+        if address is not None:
+            self.open[address] += 1
+        return True
+
+    def release(self, address: str | None) -> None:
+        if address is not None:
+            self.open[address] -= 1
+            if self.open[address] <= 0:
+                del self.open[address]
+
 
 def guarded_protocol(base: type, admission: Admission) -> type:
     """uvicorn's HTTP protocol class `base` (h11's or httptools'), with `admission`'s rules."""
@@ -51,27 +66,19 @@ def guarded_protocol(base: type, admission: Admission) -> type:
 
         def connection_made(self, transport: Any) -> None:
             peer = transport.get_extra_info("peername")
-            address = peer[0] if isinstance(peer, tuple) and peer else None
-            if address is not None and admission.open[address] >= admission.per_address:
+            self._address = peer[0] if isinstance(peer, tuple) and peer else None
+            if not admission.admit(self._address):
                 self._refused = True
-                admission.refused += 1
                 transport.abort()
                 return
             super().connection_made(transport)
-            if address is not None:
-                self._address = address
-                admission.open[address] += 1
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._refused:
                 return
             self._disarm()
-            if self._address is not None:
-                admission.open[self._address] -= 1
-                if admission.open[self._address] <= 0:
-                    del admission.open[self._address]
-                self._address = None
+            admission.release(self._address)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:

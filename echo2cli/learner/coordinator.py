@@ -114,8 +114,7 @@ class Coordinator:
     # -- workers -------------------------------------------------------------------------------------
 
     def join(self, name: str, usd_per_hour: float, max_model_len: int | None = None, address: str | None = None) -> str:
-        """A new worker's id (`max_model_len`: its engine's context, None = not limited; `address`: where it joins
-        from); FleetFull if no room."""
+        """A new worker's id (`max_model_len`: its engine's context, None = any; from `address`); FleetFull: no room."""
         with self.lock:
             for silent in self.fleet.silent():  # gone for long without a word: let go first
                 self.leave(silent)
@@ -228,8 +227,7 @@ class Coordinator:
             return self.fleet.hand(self.published.latest(), worker_id)
 
     def policy_of(self, version: int, worker_id: str | None = None) -> PolicyInfo | None:
-        """An older version, handed out the same way (the next link of a worker's delta chain); None if never
-        published."""
+        """An older version, handed out alike (the next link of a worker's delta chain); None if never published."""
         with self.lock:
             policy = self.published.policies.get(version)
             return None if policy is None else self.fleet.hand(policy, worker_id)
