@@ -14,9 +14,12 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from echo2cli.broadcast.webseed import STREAMS_PER_ADDRESS
 from echo2cli.errors import ConfigError
 from echo2cli.hardware import parse_cpus
+from echo2cli.learner.connections import PER_ADDRESS as CONNECTIONS_PER_ADDRESS
 from echo2cli.learner.divergence import Thresholds, default_ess_min
+from echo2cli.learner.fleet import WORKERS_PER_ADDRESS
 from echo2cli.learner.schedule import LrScheduleName
 from echo2cli.lora import DEFAULT_TARGETS
 from echo2cli.plan.model import kappa_problem
@@ -110,19 +113,19 @@ class _PerAddressLimits(_Config):
     share, with no token, and one token holder's, however many times it joins."""
 
     max_connections_per_address: int = Field(
-        512,
+        CONNECTIONS_PER_ADDRESS,
         ge=1,
         description="open HTTP connections one address may hold (one more is closed as it opens); the default fits "
         "64 workers behind one NAT address. Behind a reverse proxy, every worker has the proxy's address: raise it",
     )
     max_workers_per_address: int = Field(
-        128,
+        WORKERS_PER_ADDRESS,
         ge=1,
         description="workers joined at once from one address (of 4,096 in all): one token holder cannot fill the "
         "fleet; 64 workers behind one NAT address, each rejoining once, fit",
     )
     web_seed_streams_per_address: int = Field(
-        32,
+        STREAMS_PER_ADDRESS,
         ge=1,
         description="web seed streams open at once from one address (of 64 in all, 4 a worker): one token holder's "
         "many joins cannot take them all",
