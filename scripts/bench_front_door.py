@@ -15,6 +15,7 @@ with the shipped limits, 4,000 idle sockets and 200 slow-header senders.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
@@ -32,7 +33,7 @@ from bench_webseed_lane import call_loop as lane_call_loop  # noqa: E402
 
 from echo2cli.broadcast.webseed import WebSeed  # noqa: E402
 from echo2cli.learner.connections import Admission  # noqa: E402
-from echo2cli.learner.server import bind_socket, serve_in_thread  # noqa: E402
+from echo2cli.learner.server import bind_socket, serving  # noqa: E402
 
 WORKER_ADDRESS = "127.0.0.2"
 TRICKLE_S = 2.0
@@ -82,12 +83,15 @@ def run_one(admission: Admission, args: argparse.Namespace, tmp: Path) -> dict[s
     web_seed = WebSeed(lambda d, f: None, 0.0)
     sock = bind_socket("0.0.0.0", 0)
     port = sock.getsockname()[1]
-    server, thread = serve_in_thread(learner(tmp, web_seed), sock, admission=admission)
     url = f"http://127.0.0.1:{port}"
     idle: list[socket.socket] = []
     slow: list[socket.socket] = []
     stop = threading.Event()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(web_seed.close)
+        stack.enter_context(serving(learner(tmp, web_seed), sock, admission=admission))
+        stack.callback(lambda: [s.close() for s in idle + slow])  # after the trickler stops, before the server
+        stack.callback(stop.set)
         transport = httpx.HTTPTransport(local_address=WORKER_ADDRESS)
         with httpx.Client(base_url=url, transport=transport, timeout=CALL_TIMEOUT_S) as api:
             b = join(api, "b")
@@ -98,13 +102,6 @@ def run_one(admission: Admission, args: argparse.Namespace, tmp: Path) -> dict[s
         trickler = threading.Thread(target=trickle, args=(slow, stop), daemon=True)
         trickler.start()
         loaded = call_loop(url, b, args.seconds)
-    finally:
-        stop.set()
-        for s in idle + slow:
-            s.close()
-        server.should_exit = True
-        thread.join(timeout=10)
-        web_seed.close()
     result: dict[str, Any] = {
         "attacker_connects_failed": failed,
         "attack_open_s": t_attack,

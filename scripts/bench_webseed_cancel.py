@@ -29,7 +29,7 @@ from bench_webseed_lane import CALL_TIMEOUT_S, join, learner  # noqa: E402
 
 from echo2cli.broadcast.webseed import WebSeed  # noqa: E402
 from echo2cli.layout import VersionKey  # noqa: E402
-from echo2cli.learner.server import bind_socket, serve_in_thread  # noqa: E402
+from echo2cli.learner.server import bind_socket, serving  # noqa: E402
 from echo2cli.units import mbps_to_bytes_per_s  # noqa: E402
 
 FILE_MB = 64
@@ -67,10 +67,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server, thread = serve_in_thread(learner(tmp, web_seed), sock)
     length = args.range_kb << 10
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=CALL_TIMEOUT_S) as api:
+        with (
+            serving(learner(tmp, web_seed), sock),
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=CALL_TIMEOUT_S) as api,
+        ):
             a, b = join(api, "a"), join(api, "b")
             path_a = f"/webseed/{a['tracker_key']}/v000001/model.safetensors"
             path_b = f"/webseed/{b['tracker_key']}/v000001/model.safetensors"
@@ -84,8 +86,6 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t_cancelled = time.perf_counter() - t0
             after = honest_range(api, path_b, length)
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         web_seed.close()
     return {
         "cancelled": args.cancelled,
